@@ -1,0 +1,240 @@
+"""MemoryState: the whole memory of B token streams as plain tensors.
+
+Notation (used in shape comments across memoria_ds/memory):
+    B  rows (one independent token stream each)
+    C  engram slots per row (`MemoriaConfig.capacity`)
+    D  engram width (the model's hidden size)
+    N  working-memory engrams per step (`num_wm`)
+
+A slot holds one engram or nothing. Slots are reused: an engram's place says nothing
+about its age; `uid` does. `uid = step * N + j` for the j-th working-memory engram written
+at memory step `step` of its row, so uids give the creation order (FIFO of STM, "most
+recent wins" ties) and `uid // N` is the creation step. Empty slots have `uid = -1`.
+
+The co-retrieval count matrix is dense, `C x C` per row (int16 or int32, see
+`MemoriaConfig.count_dtype`; increments saturate instead of wrapping). Rows and columns of a
+slot are zeroed when the slot is (re)allocated, never when its engram dies; entries of
+empty slots are stale and never read. That makes a reset O(B*C) instead of O(B*C*C), and
+a reset row behaves exactly like a fresh one (same allocation order, same results).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .config import MemoriaConfig
+
+EMPTY, WM, STM, LTM = 0, 1, 2, 3
+KIND_NAMES = ("empty", "wm", "stm", "ltm")
+STATE_FORMAT = 1
+
+_FIELDS = ("vectors", "sq_norms", "kind", "lifespan", "uid", "counts", "step", "evictions")
+
+
+@dataclass
+class MemoryState:
+    """The memory of B rows. All tensors live on one device; engram data are fp32.
+
+    Attributes:
+        vectors: (B, C, D) float32 engram vectors (detached copies; no gradient).
+        sq_norms: (B, C) float32 cached `|v|^2` of each slot's vector.
+        kind: (B, C) int8, one of EMPTY, WM, STM, LTM.
+        lifespan: (B, C) float32 remaining lifespan (0 for empty slots).
+        uid: (B, C) int64 creation-order id (`step * N + j`), -1 for empty slots.
+        counts: (B, C, C) int16/int32 co-retrieval counts; `counts[b, i, i]` is how often i fired.
+        step: (B,) int64 memory steps taken by each row since its last reset.
+        evictions: (B,) int64 capacity evictions since the row's last reset.
+    """
+
+    vectors: Tensor
+    sq_norms: Tensor
+    kind: Tensor
+    lifespan: Tensor
+    uid: Tensor
+    counts: Tensor
+    step: Tensor
+    evictions: Tensor
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def empty(
+        cls, config: MemoriaConfig, batch_size: int, dim: int, device: torch.device | str | None = None
+    ) -> MemoryState:
+        """A fresh memory for `batch_size` rows of `dim`-wide engrams."""
+        if batch_size < 0 or dim < 1:
+            raise ValueError(f"need batch_size >= 0 and dim >= 1, got {batch_size} and {dim}")
+        B, C, D = batch_size, config.capacity, dim
+        return cls(
+            vectors=torch.zeros(B, C, D, dtype=torch.float32, device=device),
+            sq_norms=torch.zeros(B, C, dtype=torch.float32, device=device),
+            kind=torch.zeros(B, C, dtype=torch.int8, device=device),
+            lifespan=torch.zeros(B, C, dtype=torch.float32, device=device),
+            uid=torch.full((B, C), -1, dtype=torch.int64, device=device),
+            counts=torch.zeros(B, C, C, dtype=getattr(torch, config.count_dtype), device=device),
+            step=torch.zeros(B, dtype=torch.int64, device=device),
+            evictions=torch.zeros(B, dtype=torch.int64, device=device),
+        )
+
+    # ----------------------------------------------------------------- shape helpers
+    @property
+    def batch_size(self) -> int:
+        return self.vectors.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.vectors.shape[1]
+
+    @property
+    def dim(self) -> int:
+        return self.vectors.shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        return self.vectors.device
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {name: getattr(self, name) for name in _FIELDS}
+
+    def created_step(self, config: MemoriaConfig) -> Tensor:
+        """(B, C) int64 memory step at which each engram was written; -1 for empty slots."""
+        return torch.where(self.uid >= 0, torch.div(self.uid, config.num_wm, rounding_mode="floor"), -1)
+
+    def check(self, config: MemoriaConfig) -> None:
+        """Raise ValueError if this state cannot be used with `config` (shapes, dtypes)."""
+        if self.capacity != config.capacity:
+            raise ValueError(
+                f"memory state has capacity {self.capacity} but the config asks for {config.capacity}; "
+                f"set `capacity={self.capacity}` to reuse this state"
+            )
+        expected = {
+            "vectors": torch.float32, "sq_norms": torch.float32, "kind": torch.int8, "lifespan": torch.float32,
+            "uid": torch.int64, "counts": getattr(torch, config.count_dtype), "step": torch.int64,
+            "evictions": torch.int64,
+        }
+        B, C = self.batch_size, self.capacity
+        shapes = {"vectors": (B, C, self.dim), "counts": (B, C, C), "step": (B,), "evictions": (B,)}
+        for name, dtype in expected.items():
+            t = getattr(self, name)
+            if t.dtype != dtype:
+                raise ValueError(f"memory state field `{name}` has dtype {t.dtype}, expected {dtype}")
+            if tuple(t.shape) != shapes.get(name, (B, C)):
+                raise ValueError(f"memory state field `{name}` has shape {tuple(t.shape)}, expected {shapes.get(name, (B, C))}")
+            if t.device != self.device:
+                raise ValueError(f"memory state field `{name}` is on {t.device}, the rest on {self.device}")
+
+    # ----------------------------------------------------------------- copies, devices, rows
+    def clone(self) -> MemoryState:
+        return MemoryState(**{k: v.clone() for k, v in self.tensors().items()})
+
+    def to(self, device: torch.device | str) -> MemoryState:
+        """The same memory on `device` (fp32 is kept: the memory is never cast)."""
+        return MemoryState(**{k: v.to(device) for k, v in self.tensors().items()})
+
+    def take_rows(self, rows: Tensor | list[int]) -> MemoryState:
+        """A new state holding copies of `rows` (e.g. the streams moving to another rank)."""
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.device)
+        return MemoryState(**{k: v.index_select(0, idx) for k, v in self.tensors().items()})
+
+    def put_rows(self, rows: Tensor | list[int], source: MemoryState) -> None:
+        """Overwrite `rows` of this state with the rows of `source`, in order, in place."""
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.device)
+        if source.capacity != self.capacity or source.dim != self.dim:
+            raise ValueError(
+                f"cannot put rows of capacity {source.capacity} / dim {source.dim} into a state of "
+                f"capacity {self.capacity} / dim {self.dim}"
+            )
+        if source.batch_size != idx.numel():
+            raise ValueError(f"{idx.numel()} row indices for a source of {source.batch_size} rows")
+        for name, t in self.tensors().items():
+            t.index_copy_(0, idx, getattr(source, name).to(t.device))
+
+    @staticmethod
+    def cat(states: list[MemoryState]) -> MemoryState:
+        """Stack the rows of several states (same capacity and width) into one."""
+        if not states:
+            raise ValueError("need at least one state to concatenate")
+        return MemoryState(**{name: torch.cat([getattr(s, name) for s in states]) for name in _FIELDS})
+
+    # ----------------------------------------------------------------- reset
+    def reset(self, mask: Tensor | None = None) -> None:
+        """Empty all rows, or the rows where the (B,) bool `mask` is True, in place.
+
+        No host synchronisation: the mask may live on the device. Counts and vectors of a
+        reset row are left stale; they are zeroed slot by slot as slots are reused, so the
+        row behaves exactly like a fresh memory.
+        """
+        if mask is None:
+            self.kind.zero_()
+            self.lifespan.zero_()
+            self.uid.fill_(-1)
+            self.step.zero_()
+            self.evictions.zero_()
+            return
+        mask = mask.to(device=self.device, dtype=torch.bool)
+        if mask.shape != (self.batch_size,):
+            raise ValueError(f"reset mask must have shape ({self.batch_size},), got {tuple(mask.shape)}")
+        rows = mask[:, None]
+        self.kind.masked_fill_(rows, EMPTY)
+        self.lifespan.masked_fill_(rows, 0.0)
+        self.uid.masked_fill_(rows, -1)
+        self.step.masked_fill_(mask, 0)
+        self.evictions.masked_fill_(mask, 0)
+
+    # ----------------------------------------------------------------- serialisation
+    def state_dict(self) -> dict[str, object]:
+        """Tensors plus the format version; round-trips bit-exactly through `from_state_dict`."""
+        out: dict[str, object] = {"format": STATE_FORMAT}
+        out.update({k: v.detach() for k, v in self.tensors().items()})
+        return out
+
+    @classmethod
+    def from_state_dict(
+        cls, state_dict: dict[str, object], config: MemoriaConfig | None = None,
+        device: torch.device | str | None = None,
+    ) -> MemoryState:
+        """Rebuild a state saved by `state_dict`, checked against `config` if given.
+
+        Raises:
+            ValueError: a missing field, an unknown format, or shapes/dtypes that do not fit.
+        """
+        fmt = state_dict.get("format")
+        if fmt != STATE_FORMAT:
+            raise ValueError(f"memory state format {fmt!r} is not supported (this version reads {STATE_FORMAT})")
+        missing = [k for k in _FIELDS if k not in state_dict]
+        if missing:
+            raise ValueError(f"memory state is missing field(s) {missing}")
+        tensors = {}
+        for k in _FIELDS:
+            t = state_dict[k]
+            if not isinstance(t, Tensor):
+                raise ValueError(f"memory state field `{k}` is {type(t).__name__}, expected a tensor")
+            tensors[k] = t.to(device) if device is not None else t
+        state = cls(**tensors)
+        if config is not None:
+            state.check(config)
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, object]) -> None:
+        """Copy a saved state into this one in place (same shapes required)."""
+        other = MemoryState.from_state_dict(state_dict, device=self.device)
+        for name, t in self.tensors().items():
+            src = getattr(other, name)
+            if src.shape != t.shape or src.dtype != t.dtype:
+                raise ValueError(
+                    f"memory state field `{name}`: saved {tuple(src.shape)} {src.dtype}, "
+                    f"this state {tuple(t.shape)} {t.dtype}"
+                )
+            t.copy_(src)
+
+    def __repr__(self) -> str:  # tensors are large; show the shape only
+        return f"MemoryState(batch_size={self.batch_size}, capacity={self.capacity}, dim={self.dim}, device={self.device})"
+
+
+def field_names() -> tuple[str, ...]:
+    return _FIELDS
+
+
+__all__ = ["MemoryState", "EMPTY", "WM", "STM", "LTM", "KIND_NAMES", "field_names"]

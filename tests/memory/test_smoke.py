@@ -1,0 +1,42 @@
+"""The memory runs end to end on every configuration switch and keeps its invariants."""
+
+import pytest
+import torch
+
+from memoria_ds.memory import EMPTY, LTM, STM, WM, MemoriaConfig, MemoryState, memorize, remind
+
+
+def _run(config: MemoriaConfig, steps: int, batch: int = 3, dim: int = 16, seed: int = 0) -> MemoryState:
+    gen = torch.Generator().manual_seed(seed)
+    state = MemoryState.empty(config, batch, dim)
+    for _ in range(steps):
+        wm = torch.randn(batch, config.num_wm, dim, generator=gen)
+        r = remind(state, wm, config)
+        w = torch.rand(r.reminded_slots.shape, generator=gen)
+        memorize(state, r, w, config)
+    return state
+
+
+@pytest.mark.parametrize("search", ["graph", "exhaustive"])
+@pytest.mark.parametrize("use_stm,use_ltm", [(True, True), (True, False), (False, True), (False, False)])
+def test_invariants_after_many_steps(search, use_stm, use_ltm):
+    cfg = MemoriaConfig(num_wm=4, num_stm_reminded=3, num_ltm_reminded=5, stm_capacity=8, initial_lifespan=3,
+                        alpha=2.0, search_depth=3, use_stm=use_stm, use_ltm=use_ltm, search=search)
+    state = _run(cfg, 40)
+    kind = state.kind
+    assert ((kind == WM).sum(1) == 0).all(), "no WM survives a finished step"
+    assert ((kind == STM).sum(1) <= cfg.stm_capacity).all()
+    alive = kind != EMPTY
+    assert (state.lifespan[alive] > 0).all() and (state.lifespan[~alive] == 0).all()
+    assert (state.uid[~alive] == -1).all() and (state.uid[alive] >= 0).all()
+    # counts are symmetric and bounded by the diagonal among live engrams
+    for b in range(state.batch_size):
+        idx = alive[b].nonzero().squeeze(1)
+        sub = state.counts[b][idx][:, idx].long()
+        assert torch.equal(sub, sub.T)
+        assert (sub <= sub.diagonal()[:, None]).all()
+    assert (state.step == 40).all()
+    if use_stm:
+        # reminded STM engrams earn lifespan and outlive C_stm / N_wm steps; without STM
+        # retrieval nothing earns lifespan before L0 runs out, so LTM may stay empty
+        assert (kind == LTM).any(), "something reaches LTM when STM engrams are reminded"
