@@ -91,7 +91,8 @@ def _add_pair_counts(counts: Tensor, active: Tensor) -> None:
     a = active.clamp(min=0)
     base = torch.arange(B, device=counts.device)[:, None] * (C * C)  # (B, 1)
     row_start = base + a * C  # (B, A) flat position of counts[b, a, 0]
-    room = counts.view(-1).index_select(0, (row_start + a).reshape(-1)).view(B, -1) < torch.iinfo(counts.dtype).max
+    diagonal = counts.view(-1).index_select(0, (row_start + a).reshape(-1)).view(a.shape)  # (B, A)
+    room = diagonal < torch.iinfo(counts.dtype).max
     pairs = (row_start[:, :, None] + a[:, None, :]).reshape(-1)  # (B*A*A,)
     ones = ((real & room)[:, :, None] & real[:, None, :]).reshape(-1).to(counts.dtype)
     counts.view(-1).index_add_(0, pairs, ones)

@@ -6,9 +6,10 @@ static shapes and no host synchronisation. Notation as in state.py, plus
     F   LTM engrams found by the search, at most K_stm * (depth + 1)
     R   reminded slots handed to the model (`MemoriaConfig.num_reminded`)
 
-Scores are log-space: `log mean_j exp(-|s - wm_j|^2)` via logsumexp, which ranks exactly
-like the paper's mean of `exp(-d^2)` but never underflows to 0 (the official 1.0.0
-package ranks all-zero scores, i.e. arbitrarily).
+Scores are log-space: `log mean_j exp(-|s - wm_j|^2)`, which ranks exactly like the
+paper's mean of `exp(-d^2)` but never underflows to 0 (the official 1.0.0 package ranks
+all-zero scores, i.e. arbitrarily). Candidates are scored in chunks of at most
+`_CHUNK` so that the gathered vectors stay in cache and no large temporary is made.
 
 Ties are broken deterministically, never with an RNG:
     * top-k by score: the more recently created engram (larger uid) wins;
@@ -28,6 +29,7 @@ from .memorize import write_working_memory
 from .state import LTM, STM, MemoryState
 
 _NEG = -(1 << 30)  # "ineligible" in int32 edge keys; stays negative after adding any count * C
+_CHUNK = 128  # candidates scored per matmul (keeps the gathered (B, chunk, D) block in cache)
 
 
 @dataclass
@@ -73,8 +75,38 @@ def log_mean_similarity(cand: Tensor, cand_sq: Tensor, wm: Tensor, wm_sq: Tensor
     nearest = d2.amin(dim=-1, keepdim=True)  # (B, K, 1)
     # logsumexp around the nearest engram. Terms below e^-80 of the largest (which is 1)
     # cannot change a float32 sum, but as denormals they make exp ~10x slower: cut them.
-    total = d2.sub_(nearest).neg_().clamp_(min=-80.0).exp_().sum(dim=-1)  # (B, K)
-    return total.log_() - nearest.squeeze(-1) - math.log(wm.shape[1])
+    total = torch.sub(nearest, d2).clamp_(min=-80.0).exp_().sum(dim=-1)  # (B, K)
+    return total.log_().sub_(nearest.squeeze(-1)).sub_(math.log(wm.shape[1]))
+
+
+class _Rows:
+    """Flat row access to a state's (B, C, ...) tensors by (B, K) slot indices."""
+
+    def __init__(self, state: MemoryState) -> None:
+        B, C = state.batch_size, state.capacity
+        self.B, self.C = B, C
+        self.offset = torch.arange(B, device=state.device)[:, None] * C  # (B, 1)
+        self.vectors = state.vectors.view(B * C, state.dim)
+        self.sq_norms = state.sq_norms.view(B * C)
+        self.counts = state.counts.view(B * C, C)
+
+    def flat(self, slots: Tensor) -> Tensor:
+        """(B, K) slots, -1 allowed (read as slot 0; callers mask) -> (B*K,) flat rows."""
+        return (slots.clamp(min=0) + self.offset).view(-1)
+
+    def score(self, slots: Tensor, wm: Tensor, wm_sq: Tensor) -> Tensor:
+        """(B, K) scores of the engrams in `slots`; -inf where a slot is -1."""
+        B = self.B
+        parts = []
+        for lo in range(0, slots.shape[1], _CHUNK):
+            chunk = slots[:, lo : lo + _CHUNK]
+            flat = self.flat(chunk)
+            cand = self.vectors.index_select(0, flat).view(B, chunk.shape[1], wm.shape[2])  # (B, k, D)
+            parts.append(log_mean_similarity(cand, self.sq_norms.index_select(0, flat).view(B, chunk.shape[1]), wm, wm_sq))
+        if not parts:  # no candidates at all (e.g. K_stm = 0)
+            return wm.new_empty((B, 0))
+        scores = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+        return scores.masked_fill_(slots < 0, float("-inf"))
 
 
 def top_by_score(scores: Tensor, uids: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -93,32 +125,14 @@ def top_by_score(scores: Tensor, uids: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return order, scores.gather(1, order) > float("-inf")
 
 
-def _gather_rows(x: Tensor, slots: Tensor) -> Tensor:
-    """x: (B, C, ...) and slots: (B, K) (>= 0) -> (B, K, ...), one flat index_select."""
-    B, C = x.shape[:2]
-    flat = (slots + torch.arange(B, device=x.device)[:, None] * C).reshape(-1)
-    return x.reshape(B * C, *x.shape[2:]).index_select(0, flat).reshape(B, slots.shape[1], *x.shape[2:])
-
-
-def _pad(slots: Tensor, width: int) -> Tensor:
-    if slots.shape[1] >= width:
-        return slots
-    return torch.cat([slots, slots.new_full((slots.shape[0], width - slots.shape[1]), -1)], dim=1)
-
-
-def _score_slots(state: MemoryState, slots: Tensor, wm: Tensor, wm_sq: Tensor) -> Tensor:
-    """(B, K) scores of the engrams in `slots` ((B, K), -1 = none -> -inf)."""
-    safe = slots.clamp(min=0)
-    scores = log_mean_similarity(_gather_rows(state.vectors, safe), state.sq_norms.gather(1, safe), wm, wm_sq)
-    return scores.masked_fill_(slots < 0, float("-inf"))
-
-
 def _pick(state: MemoryState, slots: Tensor, scores: Tensor, k: int) -> Tensor:
     """The k best of `slots` by `scores` (uid ties), -1 where fewer exist; (B, k)."""
-    uids = state.uid.gather(1, slots.clamp(min=0))
     k_eff = min(k, slots.shape[1])
-    pos, real = top_by_score(scores, uids, k_eff)
-    return _pad(torch.where(real, slots.gather(1, pos), -1), k)
+    pos, real = top_by_score(scores, state.uid.gather(1, slots.clamp(min=0)), k_eff)
+    picked = torch.where(real, slots.gather(1, pos), -1)
+    if k_eff < k:
+        picked = torch.cat([picked, picked.new_full((picked.shape[0], k - k_eff), -1)], dim=1)
+    return picked
 
 
 # --------------------------------------------------------------------------- STM
@@ -129,10 +143,10 @@ def stm_slots(state: MemoryState, config: MemoriaConfig) -> Tensor:
     return torch.where(top >= 0, pos, -1)
 
 
-def remind_stm(state: MemoryState, wm: Tensor, wm_sq: Tensor, config: MemoriaConfig) -> Tensor:
+def remind_stm(state: MemoryState, rows: _Rows, wm: Tensor, wm_sq: Tensor, config: MemoriaConfig) -> Tensor:
     """SPEC steps 2-3: the top `K_stm` STM engrams by score; (B, K_stm), -1 padded."""
     cand = stm_slots(state, config)
-    return _pick(state, cand, _score_slots(state, cand, wm, wm_sq), config.num_stm_reminded)
+    return _pick(state, cand, rows.score(cand, wm, wm_sq), config.num_stm_reminded)
 
 
 # --------------------------------------------------------------------------- LTM graph search
@@ -149,11 +163,11 @@ def recency_order(uid: Tensor) -> tuple[Tensor, Tensor]:
     return rank, order
 
 
-def strongest_edges(counts: Tensor, walkers: Tensor, eligible_rank: Tensor, order: Tensor) -> Tensor:
+def strongest_edges(rows: _Rows, walkers: Tensor, eligible_rank: Tensor, order: Tensor) -> Tensor:
     """For each walker i, the eligible j with the largest `counts[i, j] > 0`.
 
     Args:
-        counts: (B, C, C) co-retrieval counts. walkers: (B, W) slots, -1 = no walker.
+        rows: flat access to the state. walkers: (B, W) slots, -1 = no walker.
         eligible_rank: (B, C) int32 recency rank where j may be stepped to, `_NEG` elsewhere.
         order: (B, C) slot of each recency rank (`recency_order`).
 
@@ -161,52 +175,58 @@ def strongest_edges(counts: Tensor, walkers: Tensor, eligible_rank: Tensor, orde
         (B, W) slots, -1 where the walker is absent or has no positive eligible edge.
         Ties go to the most recently created engram.
     """
-    B, C = eligible_rank.shape
-    rows = _gather_rows(counts, walkers.clamp(min=0)).to(torch.int32)  # (B, W, C)
+    C = rows.C
+    key = rows.counts.index_select(0, rows.flat(walkers)).view(*walkers.shape, C).to(torch.int32)  # (B, W, C)
     cap = (1 << 30) // C - 1  # keeps count * C + rank inside int32
-    if torch.iinfo(counts.dtype).max > cap:
-        rows.clamp_(max=cap)
+    if torch.iinfo(rows.counts.dtype).max > cap:
+        key.clamp_(max=cap)
     # key = count * C + rank: the count decides, the recency rank breaks ties, and the
     # winner's slot is decoded from its key, so a (fast, vectorised) amax does the argmax
-    best = rows.mul_(C).add_(eligible_rank[:, None, :]).amax(dim=2)  # (B, W)
-    j = order.gather(1, best.remainder(C).to(torch.int64))
+    best = key.mul_(C).add_(eligible_rank[:, None, :]).amax(dim=2)  # (B, W)
+    j = order.gather(1, best.remainder(C).long())
     return torch.where((best >= C) & (walkers >= 0), j, -1)
 
 
-def unique_slots(slots: Tensor) -> Tensor:
-    """(B, W) slots with repeats replaced by -1 (sorted ascending; -1 first)."""
-    s, _ = slots.sort(dim=1)
-    repeat = torch.zeros_like(s, dtype=torch.bool)
-    repeat[:, 1:] = s[:, 1:] == s[:, :-1]
-    return s.masked_fill_(repeat, -1)
-
-
-def search_ltm(state: MemoryState, cues: Tensor, rank: Tensor, order: Tensor, config: MemoriaConfig) -> Tensor:
+def search_ltm(
+    state: MemoryState, rows: _Rows, cues: Tensor, rank: Tensor, order: Tensor, wm: Tensor, wm_sq: Tensor,
+    config: MemoriaConfig,
+) -> tuple[Tensor, Tensor]:
     """SPEC steps 4-5: entry points from the cues, then `depth` rounds of walking.
+
+    Every round's picks are scored right away (they are small and still in cache).
+    Walkers landing on the same engram in a round continue as duplicates; they make the
+    same picks, so the found set is the same as with one walker, and duplicates are
+    removed once at the end.
 
     Args:
         cues: (B, K_stm) reminded STM slots, -1 padded.
         rank, order: the recency order of the slots (see `recency_order`).
 
     Returns:
-        (B, K_stm * (depth + 1)) found LTM slots, each at most once, -1 padded.
+        found: (B, K_stm * (depth + 1)) LTM slots, each at most once, -1 padded.
+        scores: (B, K_stm * (depth + 1)) their scores, -inf where -1.
     """
-    B, C = rank.shape
-    ltm = state.kind == LTM
-    found = torch.zeros(B, C + 1, dtype=torch.bool, device=rank.device)  # column C collects padding
-    frontier = unique_slots(strongest_edges(state.counts, cues, torch.where(ltm, rank, _NEG), order))
-    found.scatter_(1, torch.where(frontier >= 0, frontier, C), True)
-    rounds = [frontier]
-    for _ in range(config.search_depth):
-        eligible = ltm & ~found[:, :C]
-        frontier = unique_slots(strongest_edges(state.counts, frontier, torch.where(eligible, rank, _NEG), order))
-        found.scatter_(1, torch.where(frontier >= 0, frontier, C), True)
-        rounds.append(frontier)
-    return torch.cat(rounds, dim=1)
+    C = rows.C
+    # eligible (LTM, not yet found) -> recency rank, else _NEG; column C absorbs padding
+    eligible = torch.cat([torch.where(state.kind == LTM, rank, _NEG), rank.new_full((rows.B, 1), _NEG)], dim=1)
+    frontier, found, scores = cues, [], []
+    for _ in range(config.search_depth + 1):  # round 0: entry points from the cues
+        frontier = strongest_edges(rows, frontier, eligible[:, :C], order)
+        eligible.scatter_(1, frontier.remainder(C + 1), _NEG)  # -1 lands in column C
+        found.append(frontier)
+        scores.append(rows.score(frontier, wm, wm_sq))
+    found_all, scores_all = torch.cat(found, dim=1), torch.cat(scores, dim=1)
+    # drop repeats (same slot found by two walkers of one round): sort, compare neighbours
+    sorted_slots, perm = found_all.sort(dim=1)
+    repeat = torch.zeros_like(sorted_slots, dtype=torch.bool)
+    repeat[:, 1:] = (sorted_slots[:, 1:] == sorted_slots[:, :-1]) & (sorted_slots[:, 1:] >= 0)
+    found_all = sorted_slots.masked_fill_(repeat, -1)
+    return found_all, scores_all.gather(1, perm).masked_fill_(repeat, float("-inf"))
 
 
 def remind_ltm(
-    state: MemoryState, wm: Tensor, wm_sq: Tensor, cues: Tensor, rank: Tensor, order: Tensor, config: MemoriaConfig
+    state: MemoryState, rows: _Rows, wm: Tensor, wm_sq: Tensor, cues: Tensor, rank: Tensor, order: Tensor,
+    config: MemoriaConfig,
 ) -> tuple[Tensor, Tensor]:
     """SPEC step 6: the top `K_ltm` of the found LTM engrams.
 
@@ -214,12 +234,11 @@ def remind_ltm(
         (B, K_ltm) reminded LTM slots (-1 padded) and (B,) how many LTM engrams were found.
     """
     if config.search == "graph":
-        found = search_ltm(state, cues, rank, order, config)
-        scores = _score_slots(state, found, wm, wm_sq)
-    else:  # exhaustive: every LTM engram is a candidate; score all slots in one matmul
-        found = torch.where(state.kind == LTM, torch.arange(state.capacity, device=wm.device), -1)
-        found = found.expand(state.batch_size, -1)
-        scores = log_mean_similarity(state.vectors, state.sq_norms, wm, wm_sq).masked_fill_(found < 0, float("-inf"))
+        found, scores = search_ltm(state, rows, cues, rank, order, wm, wm_sq, config)
+    else:  # exhaustive: every LTM engram is a candidate
+        slot = torch.arange(state.capacity, device=wm.device).expand(state.batch_size, -1)
+        found = torch.where(state.kind == LTM, slot, -1)
+        scores = rows.score(found, wm, wm_sq)
     return _pick(state, found, scores, config.num_ltm_reminded), (found >= 0).sum(dim=1)
 
 
@@ -250,15 +269,16 @@ def remind(state: MemoryState, wm: Tensor, config: MemoriaConfig) -> Retrieval:
     rank, order = recency_order(state.uid)
     wm_slots, evicted = write_working_memory(state, wm, rank, config)
     wm_sq = state.sq_norms.gather(1, wm_slots)  # (B, N)
+    rows = _Rows(state)
 
     want_ltm = config.use_ltm and config.num_ltm_reminded > 0
     need_cues = config.use_stm or (want_ltm and config.search == "graph")
     if need_cues and config.num_stm_reminded > 0:
-        cues = remind_stm(state, wm, wm_sq, config)
+        cues = remind_stm(state, rows, wm, wm_sq, config)
     else:
         cues = wm_slots.new_full((B, config.num_stm_reminded), -1)
     if want_ltm:
-        ltm_slots, num_found = remind_ltm(state, wm, wm_sq, cues, rank, order, config)
+        ltm_slots, num_found = remind_ltm(state, rows, wm, wm_sq, cues, rank, order, config)
     else:
         ltm_slots = wm_slots.new_full((B, config.num_ltm_reminded if config.use_ltm else 0), -1)
         num_found = torch.zeros(B, dtype=torch.long, device=wm.device)
@@ -266,7 +286,8 @@ def remind(state: MemoryState, wm: Tensor, config: MemoriaConfig) -> Retrieval:
     parts = ([cues] if config.use_stm else []) + ([ltm_slots] if config.use_ltm else [])
     reminded_slots = torch.cat(parts, dim=1) if parts else wm_slots.new_empty((B, 0))
     mask = reminded_slots >= 0
-    reminded = _gather_rows(state.vectors, reminded_slots.clamp(min=0)) * mask[:, :, None]
+    reminded = rows.vectors.index_select(0, rows.flat(reminded_slots)).view(B, reminded_slots.shape[1], D)
+    reminded = reminded * mask[:, :, None]  # (B, R, D), zeros where padded
     return Retrieval(
         wm_slots=wm_slots, stm_slots=cues, ltm_slots=ltm_slots, num_found=num_found, evicted=evicted,
         reminded_slots=reminded_slots, reminded=reminded, reminded_mask=mask,

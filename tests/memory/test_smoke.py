@@ -40,3 +40,14 @@ def test_invariants_after_many_steps(search, use_stm, use_ltm):
         # reminded STM engrams earn lifespan and outlive C_stm / N_wm steps; without STM
         # retrieval nothing earns lifespan before L0 runs out, so LTM may stay empty
         assert (kind == LTM).any(), "something reaches LTM when STM engrams are reminded"
+
+
+@pytest.mark.parametrize("batch", [0, 1, 2])
+@pytest.mark.parametrize("sizes", [dict(num_stm_reminded=0), dict(num_ltm_reminded=0), dict(search_depth=0)])
+def test_any_batch_size_and_degenerate_sizes(batch, sizes):
+    cfg = MemoriaConfig(**{**dict(num_wm=4, num_stm_reminded=3, num_ltm_reminded=5, stm_capacity=8,
+                                  search_depth=2), **sizes})
+    state = _run(cfg, 12, batch=batch, dim=8)
+    assert state.batch_size == batch and (state.step == 12).all()
+    if batch:
+        assert ((state.kind == STM).sum(1) == cfg.stm_capacity).all(), "STM fills up to its capacity"
