@@ -1,0 +1,20 @@
+"""Memoria GPT-2: the memory bolted onto an unmodified HF GPT-2, plus the `none`/`xl` baselines.
+
+    from memoria_ds.model import build_model
+    model = build_model("gpt2", preset="memoria")          # hub name, local dir, or GPT2Config
+    out = model(input_ids, labels=input_ids, memory=None)   # Contract 2 (docs/design.md)
+    out = model(next_ids, labels=next_ids, memory=out.memory, reset=new_doc)
+
+See docs/model.md. Importing this package registers the model with the Auto classes.
+"""
+
+from .config import MEMORY_TYPES, PRESETS, MemoriaGPT2Config
+from .lora import apply_lora
+from .modeling import MemoriaCausalLMOutput, MemoriaContext, MemoriaGPT2LMHeadModel, build_model
+from .state import MemoriaMemory, NoMemory, RecurrentMemory, XLMemory, memory_from_state_dict
+
+__all__ = [
+    "MemoriaGPT2Config", "MemoriaGPT2LMHeadModel", "MemoriaCausalLMOutput", "MemoriaContext", "build_model",
+    "apply_lora", "PRESETS", "MEMORY_TYPES", "MemoriaMemory", "XLMemory", "NoMemory", "RecurrentMemory",
+    "memory_from_state_dict",
+]

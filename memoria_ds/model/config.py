@@ -1,0 +1,212 @@
+"""MemoriaGPT2Config: a GPT-2 config plus the memory that is bolted onto it.
+
+The config *is* a `GPT2Config` (every backbone field, unchanged) with the memory settings
+added, so the unmodified HF `GPT2Model` is built from it directly and a GPT-2 checkpoint
+(hub name or local directory) loads into the Memoria model by name.
+
+Memory types (SPEC section 2; paper Tables 1, 2, 4, 7):
+
+    none     the plain backbone (the paper's "Transformer")
+    xl       Transformer-XL-style recurrence over cached keys/values
+    memoria  Memoria: abstractor -> remind -> memory cross-attention -> memorize
+
+`PRESETS` names the configurations that the paper compares, so every comparison runs
+through the same model class, launcher and evaluation.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers import GPT2Config
+
+from ..memory import MemoriaConfig
+
+MEMORY_TYPES = ("none", "xl", "memoria")
+ATTENTION_MODES = ("sequential", "parallel")
+INIT_MODES = ("noop", "random")
+ABSTRACTOR_STYLES = ("transformer", "authors")
+
+# The comparisons of the paper, by name. Values are overrides of `MemoriaGPT2Config`
+# fields; a `memoria` dict is merged into the Memoria settings (not replacing them).
+PRESETS: dict[str, dict[str, Any]] = {
+    "transformer": {"memory_type": "none"},
+    "xl": {"memory_type": "xl"},
+    # Table 7 ablations: working memory only, + short-term memory, + long-term memory (full)
+    "memoria_wm": {"memory_type": "memoria", "memoria": {"use_stm": False, "use_ltm": False}},
+    "memoria_wm_stm": {"memory_type": "memoria", "memoria": {"use_ltm": False}},
+    "memoria": {"memory_type": "memoria"},
+    # The measured-fast variant (docs/model.md, docs/benchmarks.md "Model step"): one shared
+    # query for both uses, one output projection, memory attention at a quarter width.
+    "memoria_fast": {"memory_type": "memoria", "memory_attention_mode": "parallel", "memory_inner_dim_ratio": 0.25},
+}
+
+# Keys of a backbone config that describe a checkpoint, not the architecture.
+_NOT_ARCHITECTURE = {"model_type", "architectures", "transformers_version", "_name_or_path", "auto_map", "dtype", "torch_dtype"}
+
+
+@strict
+class MemoriaGPT2Config(GPT2Config):
+    """GPT-2 backbone settings plus the memory's.
+
+    Every `GPT2Config` field keeps its meaning. Added fields:
+
+    Args:
+        memory_type: `"none"`, `"xl"` or `"memoria"`.
+        memoria: Memoria settings as a dict of `memoria_ds.memory.MemoriaConfig` fields
+            (missing ones take the paper's WikiText-103 defaults). Stored fully resolved.
+        memory_layers: blocks (0-based) that get a memory cross-attention; `None` = every
+            block, as the authors' code does.
+        memory_heads: heads of the memory cross-attention; `None` = `n_head`.
+        memory_inner_dim: width of its q/k/v; `None` = `n_embd` (the faithful default).
+        memory_inner_dim_ratio: alternative to `memory_inner_dim`: a fraction of `n_embd`
+            (rounded to a multiple of `memory_heads`). Ignored when `memory_inner_dim` is set.
+        memory_attention_mode: `"sequential"` (the authors' block: self-attention -> WM
+            cross-attention -> reminded-engram cross-attention -> MLP, each with its own
+            pre-layer-norm and residual) or `"parallel"` (one layer norm and one query for
+            both uses; their outputs are summed before one output projection).
+        memory_init: `"noop"` (output projections of the memory attention start at zero:
+            the model starts exactly as the backbone) or `"random"` (the paper's random
+            initialisation of every new weight).
+        abstractor_style: `"transformer"` (scaled dot-product attention, FFN with the
+            backbone's activation) or `"authors"` (no 1/sqrt(d) scaling, FFN of two linear
+            layers with no activation: what the authors' code does).
+        xl_memory_length: keys/values per layer kept by `xl`; `None` = the previous
+            segment's length.
+        segment_length: the segment length the model is trained with; `generate()` feeds
+            a long prompt in segments of this length unless told otherwise.
+    """
+
+    model_type = "memoria_gpt2"
+
+    memory_type: str = "memoria"
+    memoria: dict[str, Any] | None = None
+    memory_layers: list[int] | None = None
+    memory_heads: int | None = None
+    memory_inner_dim: int | None = None
+    memory_inner_dim_ratio: float | None = None
+    memory_attention_mode: str = "sequential"
+    memory_init: str = "noop"
+    abstractor_style: str = "transformer"
+    xl_memory_length: int | None = None
+    segment_length: int | None = None
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        # resolve the Memoria settings once (capacity included), so config.json is explicit
+        self.memoria = MemoriaConfig.from_dict(dict(self.memoria or {})).to_dict()
+        super().__post_init__(**kwargs)
+
+    # ------------------------------------------------------------------ validation
+    def validate_architecture(self) -> None:
+        """Part of the `@strict` validation: every memory setting, with the fix in the message."""
+        super().validate_architecture()
+        if self.memory_type not in MEMORY_TYPES:
+            raise ValueError(f"`memory_type` must be one of {MEMORY_TYPES}, got {self.memory_type!r}")
+        if self.memory_attention_mode not in ATTENTION_MODES:
+            raise ValueError(f"`memory_attention_mode` must be one of {ATTENTION_MODES}, got {self.memory_attention_mode!r}")
+        if self.memory_init not in INIT_MODES:
+            raise ValueError(f"`memory_init` must be one of {INIT_MODES}, got {self.memory_init!r}")
+        if self.abstractor_style not in ABSTRACTOR_STYLES:
+            raise ValueError(f"`abstractor_style` must be one of {ABSTRACTOR_STYLES}, got {self.abstractor_style!r}")
+        if self.memory_layers is not None:
+            bad = [i for i in self.memory_layers if not 0 <= i < self.n_layer]
+            if bad or len(set(self.memory_layers)) != len(self.memory_layers):
+                raise ValueError(
+                    f"`memory_layers` {self.memory_layers} must be distinct block indices in [0, {self.n_layer}); "
+                    f"use None for every block"
+                )
+        heads = self.resolved_memory_heads
+        if heads < 1:
+            raise ValueError(f"`memory_heads` ({heads}) must be at least 1")
+        if self.memory_inner_dim_ratio is not None and not 0 < self.memory_inner_dim_ratio <= 4:
+            raise ValueError(f"`memory_inner_dim_ratio` ({self.memory_inner_dim_ratio}) must be in (0, 4]")
+        inner = self.resolved_memory_inner_dim
+        if inner < heads or inner % heads:
+            raise ValueError(
+                f"the memory attention width ({inner}) must be a positive multiple of `memory_heads` ({heads})"
+            )
+        if self.xl_memory_length is not None and self.xl_memory_length < 1:
+            raise ValueError(f"`xl_memory_length` ({self.xl_memory_length}) must be >= 1, or None for one segment")
+        if self.segment_length is not None and not 1 <= self.segment_length <= self.n_positions:
+            raise ValueError(
+                f"`segment_length` ({self.segment_length}) must be in [1, n_positions={self.n_positions}]: "
+                f"GPT-2's learned positions stop there"
+            )
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def memoria_config(self) -> MemoriaConfig:
+        """The Memoria settings as the memory engine's typed config."""
+        return MemoriaConfig.from_dict(self.memoria)
+
+    @property
+    def resolved_memory_layers(self) -> list[int]:
+        """Blocks with a memory cross-attention (empty unless `memory_type == "memoria"`)."""
+        if self.memory_type != "memoria":
+            return []
+        return sorted(self.memory_layers) if self.memory_layers is not None else list(range(self.n_layer))
+
+    @property
+    def resolved_memory_heads(self) -> int:
+        return self.memory_heads if self.memory_heads is not None else self.n_head
+
+    @property
+    def resolved_memory_inner_dim(self) -> int:
+        if self.memory_inner_dim is not None:
+            return self.memory_inner_dim
+        if self.memory_inner_dim_ratio is not None:
+            heads = self.resolved_memory_heads
+            return max(heads, int(round(self.n_embd * self.memory_inner_dim_ratio / heads)) * heads)
+        return self.n_embd
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_backbone(
+        cls, backbone: GPT2Config | str | os.PathLike, preset: str | None = None, **settings: Any
+    ) -> MemoriaGPT2Config:
+        """A Memoria config around a GPT-2 backbone config.
+
+        Args:
+            backbone: a `GPT2Config`, or a hub name (`"gpt2"`, `"gpt2-large"`, ...) or local
+                directory whose config.json is a GPT-2 config.
+            preset: a name from `PRESETS` (e.g. `"xl"`, `"memoria_wm_stm"`), applied first.
+            **settings: any `MemoriaGPT2Config` field (memory or backbone), applied last; a
+                `memoria` dict is merged into the preset's Memoria settings.
+
+        Raises:
+            ValueError: an unknown preset, or settings that do not validate.
+        """
+        if not isinstance(backbone, GPT2Config):
+            backbone = GPT2Config.from_pretrained(backbone)
+        values = {k: v for k, v in backbone.to_dict().items() if k not in _NOT_ARCHITECTURE}
+        values = {k: v for k, v in values.items() if k not in _memory_fields()}
+        values.update(resolve_preset(preset, **settings))
+        attn = getattr(backbone, "_attn_implementation", None)
+        if attn is not None and "attn_implementation" not in values:
+            values["attn_implementation"] = attn
+        return cls(**values)
+
+
+def resolve_preset(preset: str | None, **settings: Any) -> dict[str, Any]:
+    """Field overrides for a preset name plus explicit settings (the `memoria` dicts merged)."""
+    if preset is not None and preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
+    values = dict(PRESETS[preset]) if preset is not None else {}
+    memoria = dict(values.pop("memoria", None) or {})
+    memoria.update(settings.pop("memoria", None) or {})
+    values.update(settings)
+    if memoria:
+        values["memoria"] = memoria
+    return values
+
+
+def _memory_fields() -> set[str]:
+    return {
+        "memory_type", "memoria", "memory_layers", "memory_heads", "memory_inner_dim", "memory_inner_dim_ratio",
+        "memory_attention_mode", "memory_init", "abstractor_style", "xl_memory_length", "segment_length",
+    }
+
+
+__all__ = ["MemoriaGPT2Config", "PRESETS", "MEMORY_TYPES", "resolve_preset"]

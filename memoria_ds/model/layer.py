@@ -1,0 +1,121 @@
+"""One GPT-2 block run through its own (unmodified) submodules, with the memory inserted.
+
+Why this shape (and not forward hooks or a copied block): the memory attention goes
+*between* a block's self-attention residual and its MLP (the authors' order), which no
+hook on an HF `GPT2Block` can reach without re-deriving its residual stream. So each block
+is driven here through its submodules, in HF's own order and arithmetic:
+
+    h = attn(ln_1(h)) + h        # HF's GPT2Attention (SDPA or eager; LoRA-wrapped c_attn/c_proj work)
+    h = memory_attention(h, ...) # Memoria only: + WM residual, + M_rem residual
+    h = h + mlp(ln_2(h))         # HF's GPT2MLP
+
+Every parameter is still called through its own module, so ZeRO-3's per-module gather
+hooks, peft's LoRA layers and HF's weight names are untouched. `MemoryBlock` is a
+`GradientCheckpointingLayer`: `model.gradient_checkpointing_enable()` checkpoints it, and
+since the memory step (remind before the blocks, memorize after) lies outside it, the
+recompute in backward never touches the memory. Contribution weights and the keys/values
+that Transformer-XL caches are *returned* (never stored as a side effect), so a
+recompute cannot double-count them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+from transformers.cache_utils import Cache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+from .config import MemoriaGPT2Config
+from .memory_attention import MemoryAttention, MemoryInputs
+from .xl import ExtendedKeyValues
+
+
+@dataclass
+class BlockInputs:
+    """What every block reads in one forward.
+
+    Attributes:
+        attention_mask: the self-attention mask (`xl.self_attention_mask`), None for SDPA's causal path.
+        memory: Memoria's per-forward inputs, or None.
+        cache: HF decode cache of the current segment (generation), or None.
+        collect_kv: return this segment's keys/values (Transformer-XL builds its next memory from them).
+    """
+
+    attention_mask: Tensor | None
+    memory: MemoryInputs | None
+    cache: Cache | None
+    collect_kv: bool
+
+
+class MemoryBlock(GradientCheckpointingLayer):
+    """The per-block wrapper. It owns only the memory attention (if this block has one).
+
+    Args:
+        config: the model config.
+        layer_idx: index of the wrapped block.
+        with_memory_attention: whether this block gets a memory cross-attention.
+    """
+
+    def __init__(self, config: MemoriaGPT2Config, layer_idx: int, with_memory_attention: bool) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.memory_attention = (
+            MemoryAttention(
+                dim=config.n_embd,
+                num_heads=config.resolved_memory_heads,
+                inner_dim=config.resolved_memory_inner_dim,
+                mode=config.memory_attention_mode,
+                eps=config.layer_norm_epsilon,
+                attn_dropout=config.attn_pdrop,
+                resid_dropout=config.resid_pdrop,
+            )
+            if with_memory_attention
+            else None
+        )
+
+    def forward(
+        self,
+        hidden: Tensor,
+        wm: Tensor | None,
+        memory_keys: Tensor | None,
+        memory_values: Tensor | None,
+        *,
+        block: GPT2Block,
+        inputs: BlockInputs,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+        """Run `block` with the memory.
+
+        Tensors that may need gradients are positional (reentrant checkpointing only
+        tracks those).
+
+        Args:
+            hidden: (B, L, D) residual stream.
+            wm: (B, N, D) working memory (Memoria) or None.
+            memory_keys / memory_values: (B, H, M, hd) Transformer-XL memory of this block, or None.
+            block: the HF `GPT2Block` at this index (not owned: its weights keep HF's names).
+            inputs: the per-forward inputs.
+
+        Returns:
+            hidden (B, L, D); the (B, R) contribution weights of this block's memory
+            attention or None; this segment's keys and values (B, H, L, hd) if
+            `inputs.collect_kv`, else None.
+        """
+        kv = None
+        if inputs.collect_kv or memory_keys is not None or inputs.cache is not None:
+            kv = ExtendedKeyValues(memory_keys, memory_values, inputs.cache)
+        residual = hidden
+        attn_output, _ = block.attn(block.ln_1(hidden), past_key_values=kv, attention_mask=inputs.attention_mask)
+        hidden = attn_output + residual
+        weights = None
+        if self.memory_attention is not None:
+            hidden, weights = self.memory_attention(hidden, wm, inputs.memory)
+        residual = hidden
+        hidden = residual + block.mlp(block.ln_2(hidden))
+        if inputs.collect_kv and kv is not None and kv.current is not None:
+            return hidden, weights, kv.current[0].detach(), kv.current[1].detach()
+        return hidden, weights, None, None
+
+
+__all__ = ["MemoryBlock", "BlockInputs"]

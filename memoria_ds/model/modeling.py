@@ -1,0 +1,517 @@
+"""Memoria GPT-2 (and the `none` / `xl` baselines) around an unmodified HF GPT-2.
+
+Contract 2 (docs/design.md):
+
+    out = model(input_ids, labels=None, shift_labels=None, memory=None, reset=None)
+    out.loss, out.logits, out.memory, out.memory_stats
+
+One forward of the `memoria` type is one memory step, for all rows at once:
+
+    1. reset the rows in `reset`; rows with no previous segment have no working memory
+    2. WM = abstractor(h_{t-1})                  (differentiable; h_{t-1} is detached)
+    3. retrieval = remind(state, WM)            (engine; writes WM, no gradient)
+    4. blocks: self-attention -> memory attention (WM, then M_rem) -> MLP
+    5. memorize(state, retrieval, mean contribution over blocks)   (engine)
+    6. h_t = ln_f output, detached, kept as fp32 for the next step
+
+Steps 2-3 and 5-6 run outside the (checkpointable) blocks, exactly once per forward. The
+memory is updated in place and returned as `out.memory`.
+
+Notation: B rows, L tokens in the segment, D width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GPT2Config, GPT2Model
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.generation import GenerationMixin
+from transformers.loss.loss_utils import ForCausalLMLoss
+from transformers.modeling_utils import slice_logits_to_keep
+from transformers.models.gpt2.modeling_gpt2 import GPT2PreTrainedModel
+from transformers.utils import ModelOutput
+
+from ..memory import MemoryStats, memorize, remind
+from .abstractor import Abstractor
+from .config import MemoriaGPT2Config, resolve_preset
+from .layer import BlockInputs, MemoryBlock
+from .memory_attention import MemoryInputs, OutputProjection
+from .state import MemoriaMemory, NoMemory, RecurrentMemory, XLMemory
+from .xl import roll_memory, self_attention_mask
+
+
+@dataclass
+class MemoriaCausalLMOutput(ModelOutput):
+    """Output of `MemoriaGPT2LMHeadModel.forward`.
+
+    Attributes:
+        loss: mean next-token cross-entropy over non-ignored targets (if labels were given).
+        logits: (B, L, V) (or the last `logits_to_keep` positions).
+        memory: the recurrent memory after this segment (the object passed in, updated in
+            place; a new one if None was passed). None during decoding in `generate()`.
+        memory_stats: the engine's `MemoryStats` of this step (`memoria` only); rows that
+            had no previous segment report an empty memory.
+        past_key_values: the decode cache (generation only).
+    """
+
+    loss: Tensor | None = None
+    logits: Tensor | None = None
+    memory: RecurrentMemory | None = None
+    memory_stats: MemoryStats | None = None
+    past_key_values: Cache | None = None
+
+
+@dataclass
+class MemoriaContext:
+    """A frozen read of the memory for decoding: what the current segment attends to.
+
+    Attributes: `wm` (B, N, D), `wm_active` (B,), `reminded` (B, R, D), `reminded_mask`
+    (B, R), `reminded_active` (B,), in the compute dtype (masks bool).
+    """
+
+    wm: Tensor
+    wm_active: Tensor
+    reminded: Tensor
+    reminded_mask: Tensor
+    reminded_active: Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.wm.shape[0]
+
+    def take_rows(self, rows: Tensor | list[int]) -> MemoriaContext:
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.wm.device)
+        return MemoriaContext(*(t.index_select(0, idx) for t in dataclasses.astuple(self)))
+
+
+class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, GenerationMixin):
+    """GPT-2 LM with a memory: `none` (plain), `xl` (Transformer-XL) or `memoria`.
+
+    Weight names of the backbone are HF's (`transformer.*`, `lm_head.weight`), so any GPT-2
+    checkpoint loads by `from_pretrained` (see `build_model`); the new modules are
+    `abstractor.*` and `memory_blocks.{i}.memory_attention.*`.
+
+    Args:
+        config: a `MemoriaGPT2Config`.
+    """
+
+    config_class = MemoriaGPT2Config
+    config: MemoriaGPT2Config
+    base_model_prefix = "transformer"
+    _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
+    # the memory modules are expected to be missing when a plain GPT-2 checkpoint is loaded
+    _keys_to_ignore_on_load_missing = [r"memory_blocks\.", r"abstractor\."]
+    _no_split_modules = ["GPT2Block", "MemoryBlock"]
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+    _supports_attention_backend = False
+    _can_compile_fullgraph = False
+
+    def __init__(self, config: MemoriaGPT2Config) -> None:
+        super().__init__(config)
+        self.transformer = GPT2Model(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        with_memory = set(config.resolved_memory_layers)
+        self.memory_blocks = nn.ModuleList(MemoryBlock(config, i, i in with_memory) for i in range(config.n_layer))
+        self.abstractor = None
+        if config.memory_type == "memoria":
+            self.abstractor = Abstractor(
+                dim=config.n_embd,
+                num_queries=config.memoria_config.num_wm,
+                ffn_dim=config.n_inner if config.n_inner is not None else 4 * config.n_embd,
+                activation=config.activation_function,
+                style=config.abstractor_style,
+            )
+        self.post_init()
+
+    # ------------------------------------------------------------------ weights
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """GPT-2's init for everything; memory modules per `config.memory_init`.
+
+        `noop`: the memory attention's output projection starts at zero, so its output is
+        exactly 0 and the model is exactly the backbone (the projection still receives a
+        gradient, and the rest of the memory learns once it moves). `random`: the paper's
+        random init (GPT-2's scheme: N(0, 0.02), residual output projections scaled by
+        1/sqrt(2 n_layer)). Abstractor queries are N(0, 1), so that at step 0 each query
+        attends to a different mixture of positions and the first engrams differ.
+        """
+        super()._init_weights(module)
+        if isinstance(module, Abstractor):
+            init.normal_(module.queries, mean=0.0, std=1.0)
+        elif isinstance(module, OutputProjection):
+            if self.config.memory_init == "noop":
+                init.zeros_(module.weight)
+            else:
+                std = self.config.initializer_range / math.sqrt(2 * self.config.n_layer)
+                init.normal_(module.weight, mean=0.0, std=std)
+            init.zeros_(module.bias)
+
+    def memory_modules(self) -> list[nn.Module]:
+        """The modules Memoria adds (abstractor and memory attentions); all trainable."""
+        mods: list[nn.Module] = [b.memory_attention for b in self.memory_blocks if b.memory_attention is not None]
+        return ([self.abstractor] if self.abstractor is not None else []) + mods
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.transformer.wte
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.transformer.wte = value
+
+    # ------------------------------------------------------------------ memory objects
+    def empty_memory(self, batch_size: int, device: torch.device | str | None = None) -> RecurrentMemory:
+        """A fresh memory of this model's type for `batch_size` rows."""
+        cfg = self.config
+        device = device if device is not None else self.transformer.wte.weight.device
+        if cfg.memory_type == "memoria":
+            return MemoriaMemory.empty(cfg.memoria_config, batch_size, cfg.n_embd, device=device)
+        if cfg.memory_type == "xl":
+            return XLMemory.empty(batch_size, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, 0, device=device, dtype=self.dtype)
+        return NoMemory.empty(batch_size)
+
+    def _prepare_memory(self, memory: RecurrentMemory | None, batch_size: int, device: torch.device, reset: Tensor | None):
+        expected = {"memoria": MemoriaMemory, "xl": XLMemory, "none": NoMemory}[self.config.memory_type]
+        if memory is None:
+            return self.empty_memory(batch_size, device)
+        if not isinstance(memory, expected):
+            raise TypeError(f"a `{self.config.memory_type}` model takes a {expected.__name__}, got {type(memory).__name__}")
+        if memory.batch_size != batch_size:
+            raise ValueError(f"memory holds {memory.batch_size} rows but the batch has {batch_size}; use take_rows/put_rows")
+        if not isinstance(memory, NoMemory) and memory.device != device:
+            raise ValueError(f"memory is on {memory.device} but the inputs are on {device}; call memory.to({str(device)!r})")
+        if isinstance(memory, MemoriaMemory):
+            memory.state.check(self.config.memoria_config)
+        if reset is not None:
+            if reset.shape != (batch_size,):
+                raise ValueError(f"`reset` must be a ({batch_size},) bool mask, got shape {tuple(reset.shape)}")
+            memory.reset(reset)
+        return memory
+
+    def _read_memory(self, memory: MemoriaMemory, dtype: torch.dtype) -> tuple[MemoriaContext, Any]:
+        """Steps 2-3: working memory (with gradient) and the engine's retrieval (in place)."""
+        active = memory.has_previous  # (B,)
+        wm = self.abstractor(memory.prev_hidden.to(dtype), memory.prev_mask)  # (B, N, D)
+        retrieval = remind(memory.state, wm, self.config.memoria_config)
+        mask = retrieval.reminded_mask & active[:, None]  # (B, R)
+        ctx = MemoriaContext(wm, active, retrieval.reminded.to(dtype), mask, mask.any(dim=1))
+        return ctx, retrieval
+
+    @torch.no_grad()
+    def memory_context(self, memory: RecurrentMemory | None, batch_size: int, device: torch.device | str | None = None):
+        """What a segment decoded after `memory` attends to, without changing `memory`.
+
+        Returns a `MemoriaContext` (the working memory from the last segment and the
+        engrams it reminds, read from a copy of the state), the `XLMemory` itself, or None.
+        """
+        device = torch.device(device) if device is not None else self.transformer.wte.weight.device
+        memory = self._prepare_memory(memory, batch_size, device, None)
+        if isinstance(memory, MemoriaMemory):
+            probe = MemoriaMemory(memory.prev_hidden, memory.prev_mask, memory.state.clone())
+            return self._read_memory(probe, self.dtype)[0]
+        return memory if isinstance(memory, XLMemory) else None
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: Tensor,
+        labels: Tensor | None = None,
+        shift_labels: Tensor | None = None,
+        memory: RecurrentMemory | None = None,
+        reset: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        past_key_values: Cache | None = None,
+        memory_context: MemoriaContext | XLMemory | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | Tensor = 0,
+        inputs_embeds: Tensor | None = None,
+        return_dict: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs: Any,
+    ) -> MemoriaCausalLMOutput:
+        """One segment for every row (one memory step), or one decoding call.
+
+        Args:
+            input_ids: (B, L) int64 tokens of this segment.
+            labels: (B, L) HF convention: shifted inside the model, -100 ignored.
+            shift_labels: (B, L) already aligned targets (label i is the target of
+                position i), -100 ignored. At most one of `labels` / `shift_labels`.
+            memory: the memory returned by the previous call; None = fresh for all rows.
+                Updated in place.
+            reset: (B,) bool, rows that start fresh before this segment.
+            attention_mask: (B, L) (or (B, P + L) when decoding) 1 at real tokens; padded
+                positions are neither attended to nor stored.
+            past_key_values / memory_context / use_cache / logits_to_keep: used by
+                `generate()`: decode within the current segment against a frozen memory
+                read (`memory_context`), no memory step.
+            inputs_embeds / output_attentions / output_hidden_states: not supported
+                (accepted as None/False so that peft and `generate()` can pass them).
+            **kwargs: `num_items_in_batch` (loss normalisation, as HF's Trainer passes it).
+
+        Returns:
+            `MemoriaCausalLMOutput`.
+
+        Raises:
+            ValueError: inconsistent inputs (memory of another batch size or device, a
+                segment longer than GPT-2's positions, both kinds of labels, ...).
+        """
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        kwargs.pop("cache_position", None)
+        if kwargs:
+            raise TypeError(f"unexpected argument(s) {sorted(kwargs)}")
+        if inputs_embeds is not None or output_attentions or output_hidden_states:
+            raise ValueError("pass `input_ids`; inputs_embeds / output_attentions / output_hidden_states are not supported")
+        if labels is not None and shift_labels is not None:
+            raise ValueError("pass `labels` (shifted inside) or `shift_labels` (already aligned), not both")
+        cfg = self.config
+        decoding = memory_context is not None
+        if past_key_values is not None and not decoding and cfg.memory_type != "none":
+            raise ValueError("`past_key_values` is for decoding inside generate(); segments pass `memory` instead")
+        if use_cache and past_key_values is None and (decoding or cfg.memory_type == "none"):
+            past_key_values = DynamicCache(config=cfg)
+        B, L = input_ids.shape
+        device = input_ids.device
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if past + L > cfg.n_positions:
+            raise ValueError(
+                f"{past + L} positions in this segment exceed GPT-2's n_positions={cfg.n_positions}; "
+                f"use shorter segments (each segment restarts at position 0)"
+            )
+
+        positions = torch.arange(past, past + L, device=device)[None]  # (1, L)
+        hidden = self.transformer.drop(self.transformer.wte(input_ids) + self.transformer.wpe(positions))  # (B, L, D)
+        dtype = hidden.dtype
+        key_padding = attention_mask.to(device=device, dtype=torch.bool) if attention_mask is not None else None
+        query_mask = key_padding[:, -L:] if key_padding is not None else None  # (B, L)
+
+        ctx: MemoriaContext | None = None
+        retrieval = None
+        xl: XLMemory | None = None
+        if cfg.memory_type == "memoria":
+            if decoding:
+                ctx = memory_context
+            else:
+                memory = self._prepare_memory(memory, B, device, reset)
+                ctx, retrieval = self._read_memory(memory, dtype)
+        elif cfg.memory_type == "xl":
+            xl = memory_context if decoding else self._prepare_memory(memory, B, device, reset)
+            memory = None if decoding else xl
+        elif not decoding:
+            memory = self._prepare_memory(memory, B, device, reset)
+
+        mem_inputs = None
+        if ctx is not None:
+            mem_inputs = MemoryInputs(
+                ctx.wm_active, ctx.reminded, ctx.reminded_mask, ctx.reminded_active, query_mask,
+                use_sdpa=cfg._attn_implementation == "sdpa",
+            )
+        inputs = BlockInputs(
+            attention_mask=self_attention_mask(
+                B, L, past, xl.mask if xl is not None else None, key_padding, cfg._attn_implementation, dtype, device
+            ),
+            memory=mem_inputs,
+            cache=past_key_values,
+            collect_kv=cfg.memory_type == "xl" and not decoding,
+        )
+        wm = ctx.wm if ctx is not None else None
+        weights, new_keys, new_values = [], [], []
+        for i, (block, layer) in enumerate(zip(self.transformer.h, self.memory_blocks)):
+            mem_k = xl.keys[:, i] if xl is not None and xl.length else None  # (B, H, M, hd)
+            mem_v = xl.values[:, i] if xl is not None and xl.length else None
+            hidden, w, k, v = layer(hidden, wm, mem_k, mem_v, block=block, inputs=inputs)
+            if w is not None:
+                weights.append(w)
+            if k is not None:
+                new_keys.append(k)
+                new_values.append(v)
+        hidden = self.transformer.ln_f(hidden)  # (B, L, D)
+
+        logits = self.lm_head(slice_logits_to_keep(hidden, logits_to_keep))  # (B, L, V)
+        loss = None
+        if labels is not None or shift_labels is not None:
+            if logits.shape[1] != L:
+                raise ValueError("a loss needs the logits of every position (logits_to_keep=0)")
+            loss = ForCausalLMLoss(
+                logits, labels, cfg.vocab_size, num_items_in_batch=num_items_in_batch, shift_labels=shift_labels
+            )
+
+        stats = None
+        if not decoding:
+            valid = query_mask if query_mask is not None else torch.ones(B, L, dtype=torch.bool, device=device)
+            if cfg.memory_type == "memoria":
+                stats = self._write_memoria(memory, ctx, retrieval, weights, hidden, valid)
+            elif cfg.memory_type == "xl":
+                self._write_xl(xl, new_keys, new_values, valid)
+        return MemoriaCausalLMOutput(
+            loss=loss, logits=logits, memory=None if decoding else memory, memory_stats=stats,
+            past_key_values=past_key_values if decoding or use_cache else None,
+        )
+
+    # ------------------------------------------------------------------ memory writes
+    def _write_memoria(self, memory: MemoriaMemory, ctx: MemoriaContext, retrieval, weights: list[Tensor],
+                       hidden: Tensor, valid: Tensor) -> MemoryStats:
+        """Steps 5-6: memorize with the mean contribution over blocks; keep h_t."""
+        mcfg = self.config.memoria_config
+        if weights:
+            contribution = torch.stack(weights).mean(dim=0)  # (B, R)
+        else:
+            contribution = torch.zeros(retrieval.reminded_slots.shape, device=hidden.device)
+        stats = memorize(memory.state, retrieval, contribution, mcfg)
+        # rows without a previous segment wrote a placeholder WM: return them to fresh
+        memory.state.reset(~ctx.wm_active)
+        memory.prev_hidden = hidden.detach().to(torch.float32, copy=True)  # a copy: never aliases the graph
+        memory.prev_mask = valid.clone()
+        return _gate_stats(stats, ctx.wm_active, memory.state.capacity)
+
+    def _write_xl(self, xl: XLMemory, keys: list[Tensor], values: list[Tensor], valid: Tensor) -> None:
+        length = self.config.xl_memory_length or valid.shape[1]
+        old_k = [xl.keys[:, i] if xl.length else None for i in range(len(keys))]
+        old_v = [xl.values[:, i] if xl.length else None for i in range(len(keys))]
+        rolled_k = [roll_memory(m, xl.mask, k, valid, length) for m, k in zip(old_k, keys)]
+        rolled_v = [roll_memory(m, xl.mask, v, valid, length)[0] for m, v in zip(old_v, values)]
+        xl.keys = torch.stack([k for k, _ in rolled_k], dim=1)  # (B, Y, H, M, hd)
+        xl.values = torch.stack(rolled_v, dim=1)
+        xl.mask = rolled_k[0][1]
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: Tensor,
+        memory: RecurrentMemory | None = None,
+        segment_length: int | None = None,
+        attention_mask: Tensor | None = None,
+        **kwargs: Any,
+    ):
+        """HF `generate()` with memory: the prompt goes through memory segment by segment.
+
+        The prompt is cut into segments of `segment_length` (default
+        `config.segment_length`; a prompt that fits in `n_positions` may omit it). All
+        complete segments but the last are fed through `forward` as memory steps
+        (updating `memory` in place); the rest of the prompt starts the current segment,
+        and decoding continues in it with a frozen read of the memory (the generated
+        segment is not memorized). `len(rest) + max_new_tokens` must fit in `n_positions`.
+
+        Args:
+            input_ids: (B, T) prompt.
+            memory: memory to continue from (None = fresh).
+            segment_length: segment length for the prompt.
+            attention_mask: (B, T), optional.
+            **kwargs: anything HF's `generate()` takes (max_new_tokens, do_sample, ...).
+
+        Returns:
+            What HF's `generate()` returns, with the whole prompt in front of the sequences.
+        """
+        B, T = input_ids.shape
+        S = segment_length or self.config.segment_length
+        if S is None:
+            if T > self.config.n_positions:
+                raise ValueError(
+                    f"a prompt of {T} tokens exceeds n_positions={self.config.n_positions}: pass `segment_length` "
+                    f"(or set config.segment_length) to feed it through memory segment by segment"
+                )
+            S = T
+        n_full = (T - 1) // S  # complete segments before the one decoding continues
+        if self.config.memory_type == "none":
+            memory = None  # the prefix has no effect on the plain backbone: skip computing it
+        else:
+            for t in range(n_full):
+                seg_mask = attention_mask[:, t * S:(t + 1) * S] if attention_mask is not None else None
+                memory = self(input_ids[:, t * S:(t + 1) * S], memory=memory, attention_mask=seg_mask).memory
+        start = n_full * S
+        context = self.memory_context(memory, B, input_ids.device)
+        tail_mask = attention_mask[:, start:] if attention_mask is not None else None
+        out = super().generate(input_ids[:, start:], attention_mask=tail_mask, memory_context=context, **kwargs)
+        sequences = out if isinstance(out, Tensor) else out.sequences
+        prefix = input_ids[:, :start].repeat_interleave(sequences.shape[0] // B, dim=0)
+        sequences = torch.cat([prefix, sequences], dim=1)
+        if isinstance(out, Tensor):
+            return sequences
+        out.sequences = sequences
+        return out
+
+    def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False,
+                                      input_ids: Tensor | None = None, **model_kwargs: Any):
+        """HF expands tensors for beams / several return sequences; expand the memory read too."""
+        context = model_kwargs.pop("memory_context", None)
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(
+            expand_size, is_encoder_decoder, input_ids, **model_kwargs
+        )
+        if context is not None and expand_size > 1:
+            rows = torch.arange(context.batch_size).repeat_interleave(expand_size)
+            context = context.take_rows(rows)
+        model_kwargs["memory_context"] = context
+        return input_ids, model_kwargs
+
+
+def _gate_stats(stats: MemoryStats, active: Tensor, capacity: int) -> MemoryStats:
+    """Rows that had no previous segment took no memory step: report an empty memory."""
+    empty = torch.zeros_like(stats.engrams)
+    empty[:, 0] = capacity
+    nan = torch.full_like(stats.reminded_ltm_age, float("nan"))
+    return dataclasses.replace(
+        stats,
+        engrams=torch.where(active[:, None], stats.engrams, empty),
+        evicted=torch.where(active, stats.evicted, 0),
+        reminded_stm=torch.where(active, stats.reminded_stm, 0),
+        reminded_ltm=torch.where(active, stats.reminded_ltm, 0),
+        found_ltm=torch.where(active, stats.found_ltm, 0),
+        reminded_ltm_age=torch.where(active, stats.reminded_ltm_age, nan),
+        lifespan_mean=torch.where(active, stats.lifespan_mean, nan),
+        lifespan_max=torch.where(active, stats.lifespan_max, 0.0),
+    )
+
+
+# --------------------------------------------------------------------------- building
+def build_model(
+    backbone: str | os.PathLike | GPT2Config,
+    preset: str | None = None,
+    *,
+    dtype: torch.dtype | None = None,
+    attn_implementation: str = "sdpa",
+    **settings: Any,
+) -> MemoriaGPT2LMHeadModel:
+    """A Memoria GPT-2 (or baseline) around any GPT-2 backbone.
+
+    Args:
+        backbone: a hub name (`"gpt2"`, `"gpt2-medium"`, `"gpt2-large"`, `"gpt2-xl"`) or a
+            local directory of a GPT-2 checkpoint: its weights are loaded and the memory
+            modules initialised (an exact no-op with the default `memory_init="noop"`). A
+            directory saved from this class loads as it was (settings override its config).
+            A `GPT2Config`: a from-scratch model with random weights.
+        preset: a name from `config.PRESETS` (`"transformer"`, `"xl"`, `"memoria_wm"`,
+            `"memoria_wm_stm"`, `"memoria"`, `"memoria_fast"`).
+        dtype: parameter dtype (e.g. `torch.bfloat16`); the memory state stays fp32.
+        attn_implementation: `"sdpa"` (default) or `"eager"`.
+        **settings: `MemoriaGPT2Config` fields (e.g. `memoria={"num_wm": 16}`,
+            `memory_layers=[0, 6]`, `xl_memory_length=150`).
+
+    Returns:
+        The model (in train mode only if you call `.train()`; HF loads in eval mode).
+    """
+    if isinstance(backbone, GPT2Config):
+        config = MemoriaGPT2Config.from_backbone(backbone, preset, attn_implementation=attn_implementation, **settings)
+        model = MemoriaGPT2LMHeadModel(config)
+        return model.to(dtype) if dtype is not None else model
+    saved = AutoConfig.from_pretrained(backbone)
+    if isinstance(saved, MemoriaGPT2Config):
+        return MemoriaGPT2LMHeadModel.from_pretrained(
+            backbone, dtype=dtype, attn_implementation=attn_implementation, **resolve_preset(preset, **settings)
+        )
+    config = MemoriaGPT2Config.from_backbone(saved, preset, **settings)
+    return MemoriaGPT2LMHeadModel.from_pretrained(backbone, config=config, dtype=dtype, attn_implementation=attn_implementation)
+
+
+AutoConfig.register(MemoriaGPT2Config.model_type, MemoriaGPT2Config, exist_ok=True)
+AutoModel.register(MemoriaGPT2Config, MemoriaGPT2LMHeadModel, exist_ok=True)
+AutoModelForCausalLM.register(MemoriaGPT2Config, MemoriaGPT2LMHeadModel, exist_ok=True)
+
+__all__ = ["MemoriaGPT2LMHeadModel", "MemoriaCausalLMOutput", "MemoriaContext", "build_model"]
