@@ -1,0 +1,159 @@
+"""Perplexity / BPC of a memory model over a split, under a named protocol.
+
+The loop: build this rank's streams for the protocol, feed segment t of every stream with
+the memory returned for segment t - 1 and the rows to reset, score the targets (with the
+last target of each segment masked under `paper`), add NLL and token counts as float64
+sums on the device, and all-reduce the sums once at the end. PPL = exp(total NLL / total
+scored tokens): token-weighted over streams and ranks, never a mean of means.
+
+Ranks: with `num_streams` a multiple of the world size each rank reads its own slice of
+streams. A one-stream protocol (`paper`) on several ranks is read by every rank in
+lockstep (so collective forwards, e.g. ZeRO-3 parameter gathers, stay matched) and only
+rank 0's sums count.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from memoria_ds.data.batch import IGNORE_INDEX
+from memoria_ds.data.streams import TokenStreams
+from memoria_ds.data.token_corpus import TokenCorpus
+from memoria_ds.eval.protocols import EvalProtocol, protocol_from_name
+from memoria_ds.eval.result import EvalResult, write_results
+from memoria_ds.eval.scoring import all_reduce_sums, call_model, dist_coordinates, model_device, token_nll
+
+
+def evaluate_lm(
+    model: Any,
+    corpus: TokenCorpus,
+    protocol: EvalProtocol,
+    *,
+    model_name: str = "model",
+    rank: int | None = None,
+    world_size: int | None = None,
+    device: torch.device | str | None = None,
+    max_steps: int | None = None,
+    progress: bool = True,
+    output_path: str | None = None,
+) -> EvalResult:
+    """Evaluate a Contract-2 model on one split under `protocol`.
+
+    Args:
+        model: called as `model(input_ids=, shift_labels=None, memory=, reset=)`,
+            returning `.logits` (B, L, V) and `.memory` (None allowed).
+        corpus: the tokenized split (`TokenCorpus`).
+        protocol: `paper_protocol()`, `full_protocol(...)`, or any `EvalProtocol`.
+        model_name: recorded in the result.
+        rank, world_size: default from `torch.distributed` (0 and 1 without it).
+        device: where batches go; default the model's first parameter's device.
+        max_steps: stop after this many segments per stream (a quick look; the result
+            says so in `notes`).
+        progress: a progress bar on rank 0.
+        output_path: rank 0 writes the result there as JSON.
+
+    Returns:
+        The `EvalResult` (identical on every rank).
+
+    Raises:
+        ValueError: `num_streams` not a multiple of the world size (and not 1), or a
+            token outside the model's vocabulary.
+    """
+    d_rank, d_world = dist_coordinates()
+    rank = d_rank if rank is None else rank
+    world_size = d_world if world_size is None else world_size
+    replicated = protocol.num_streams == 1 and world_size > 1
+    if protocol.num_streams % world_size and not replicated:
+        raise ValueError(
+            f"{protocol.num_streams} streams cannot be split over {world_size} ranks; use a multiple of "
+            f"{world_size} streams, or one stream (read by every rank, counted once)"
+        )
+    streams = TokenStreams(
+        corpus, num_streams=protocol.num_streams, segment_length=protocol.segment_length,
+        rank=0 if replicated else rank, world_size=1 if replicated else world_size, tail="pad",
+    )
+    device = torch.device(device) if device is not None else model_device(model)
+    counts_here = 0.0 if replicated and rank != 0 else 1.0
+    steps = streams.steps_per_epoch if max_steps is None else min(max_steps, streams.steps_per_epoch)
+
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # nll, scored tokens, input tokens
+    memory = None
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            for step in tqdm(range(steps), desc=f"eval {protocol.name}", disable=not progress or rank != 0):
+                batch = streams.batch_at(0, step).to(device)
+                reset = protocol.reset.reset_mask(batch)
+                logits, memory = call_model(model, batch, memory, reset)
+                targets = batch.targets
+                if not protocol.score_segment_first:
+                    targets = targets.clone()
+                    targets[:, -1] = IGNORE_INDEX  # what HF's label shift never scores
+                nll, mask = token_nll(logits, targets)
+                sums += torch.stack([
+                    nll.double().sum(), mask.sum().double(), batch.attention_mask.sum().double()
+                ])
+    finally:
+        if was_training and hasattr(model, "train"):
+            model.train()
+    totals = all_reduce_sums(sums * counts_here).tolist()
+    wall = time.perf_counter() - start
+    notes = [] if steps == streams.steps_per_epoch else [f"stopped after {steps} of {streams.steps_per_epoch} steps"]
+    if replicated:
+        notes.append(f"one stream read by each of {world_size} ranks, counted once")
+    result = EvalResult.from_sums(
+        nll_sum=totals[0], scored_tokens=int(round(totals[1])),
+        character_level=corpus.metadata.get("unit") == "character",
+        model=model_name, data=corpus.describe(), split=str(corpus.metadata.get("split", "")),
+        protocol=protocol.to_dict(), world_size=world_size, steps=steps, input_tokens=int(round(totals[2])),
+        wall_time_s=wall, tokens_per_s=totals[2] / wall if wall > 0 else 0.0, notes=notes,
+    )
+    if output_path is not None and rank == 0:
+        result.save(output_path)
+    return result
+
+
+def evaluate_protocols(
+    model: Any,
+    corpus: TokenCorpus,
+    protocols: Sequence[EvalProtocol | str] = ("paper", "full"),
+    *,
+    segment_length: int = 150,
+    output_path: str | None = None,
+    **kwargs: Any,
+) -> list[EvalResult]:
+    """Evaluate under several protocols (by default `paper` and `full`, to stand beside the paper).
+
+    Protocol names use `segment_length` (one stream, no resets for `full`); pass
+    `EvalProtocol` objects for anything else. `kwargs` go to `evaluate_lm`.
+    """
+    resolved = [protocol_from_name(p, segment_length) if isinstance(p, str) else p for p in protocols]
+    results = [evaluate_lm(model, corpus, p, **kwargs) for p in resolved]
+    rank = kwargs.get("rank")
+    if output_path is not None and (rank if rank is not None else dist_coordinates()[0]) == 0:
+        write_results(results, output_path)
+    return results
+
+
+def expected_scored_tokens(corpus: TokenCorpus, protocol: EvalProtocol) -> int:
+    """How many targets `protocol` scores on `corpus` (N - 1 for `full`; N - T for `paper`)."""
+    n = corpus.num_tokens
+    if protocol.score_segment_first:
+        return n - 1
+    starts = TokenStreams(corpus, num_streams=protocol.num_streams, segment_length=protocol.segment_length).layout.starts
+    # Each stream loses the target at the last position of each of its full segments, except
+    # where that position is the very end of the data (no target to lose).
+    seg = protocol.segment_length
+    lost = 0
+    for s in range(protocol.num_streams):
+        length = int(starts[s + 1] - starts[s])
+        full = length // seg
+        lost += full - (1 if int(starts[s + 1]) == n and length % seg == 0 and full > 0 else 0)
+    return n - 1 - lost

@@ -1,0 +1,94 @@
+"""Sorting-task accuracy (paper Table 4): teacher-forced argmax over the 20 target positions.
+
+Each batch of examples is read segment by segment with memory carried between segments
+and every row reset at its example's first segment. Scored positions are those with a
+target (the separator and the first 19 answer symbols, predicting the 20 answer symbols);
+accuracy = correct / scored over all examples and ranks (exact sums, all-reduced).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import datasets
+import torch
+from tqdm.auto import tqdm
+
+from memoria_ds.data.examples import ExampleStreams
+from memoria_ds.data.reset import ResetPolicy
+from memoria_ds.eval.result import EvalResult
+from memoria_ds.eval.scoring import all_reduce_sums, call_model, dist_coordinates, model_device, token_nll
+
+_EVERY_EXAMPLE = ResetPolicy(at_document_start=True)
+
+
+def evaluate_sorting(
+    model: Any,
+    dataset: datasets.Dataset,
+    *,
+    segment_length: int,
+    batch_size: int = 32,
+    model_name: str = "model",
+    split: str = "test",
+    rank: int | None = None,
+    world_size: int | None = None,
+    device: torch.device | str | None = None,
+    progress: bool = True,
+    output_path: str | None = None,
+) -> EvalResult:
+    """Accuracy of a Contract-2 model on a sorting split.
+
+    Args:
+        model: as for `evaluate_lm`.
+        dataset: rows of `generate_sorting` (or aligned `input_ids` / `targets`).
+        segment_length: tokens per segment (256 / 512 / 1024 in the paper).
+        batch_size: B_global examples per batch (a multiple of the world size); the last
+            batch is padded with unscored rows, so every example counts once.
+        model_name, split: recorded in the result.
+        rank, world_size, device, progress, output_path: as for `evaluate_lm`.
+
+    Returns:
+        `EvalResult` with `accuracy`, `correct`, and the NLL of the answer symbols.
+    """
+    d_rank, d_world = dist_coordinates()
+    rank = d_rank if rank is None else rank
+    world_size = d_world if world_size is None else world_size
+    streams = ExampleStreams(dataset, batch_size=batch_size, segment_length=segment_length,
+                             rank=rank, world_size=world_size)
+    device = torch.device(device) if device is not None else model_device(model)
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # nll, scored, correct, input tokens
+    memory = None
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            for step in tqdm(range(streams.steps_per_epoch), desc="eval sorting", disable=not progress or rank != 0):
+                batch = streams.batch_at(0, step).to(device)
+                logits, memory = call_model(model, batch, memory, _EVERY_EXAMPLE.reset_mask(batch))
+                nll, mask = token_nll(logits, batch.targets)
+                correct = (logits.argmax(dim=-1) == batch.targets) & mask
+                sums += torch.stack([nll.double().sum(), mask.sum().double(), correct.sum().double(),
+                                     batch.attention_mask.sum().double()])
+    finally:
+        if was_training and hasattr(model, "train"):
+            model.train()
+    totals = all_reduce_sums(sums).tolist()
+    wall = time.perf_counter() - start
+    result = EvalResult.from_sums(
+        nll_sum=totals[0], scored_tokens=int(round(totals[1])), correct=int(round(totals[2])),
+        model=model_name,
+        data={"corpus": "sorting", "num_examples": len(dataset), "example_length": streams.example_length,
+              "fingerprint": getattr(dataset, "_fingerprint", "")},
+        split=split,
+        protocol={"name": "sorting", "segment_length": segment_length, "num_streams": batch_size,
+                  "segments_per_example": streams.segments_per_example,
+                  "reset": _EVERY_EXAMPLE.to_dict(), "scored": "the 20 answer positions, teacher-forced argmax"},
+        world_size=world_size, steps=streams.steps_per_epoch, input_tokens=int(round(totals[3])),
+        wall_time_s=wall, tokens_per_s=totals[3] / wall if wall > 0 else 0.0,
+    )
+    if output_path is not None and rank == 0:
+        result.save(output_path)
+    return result
