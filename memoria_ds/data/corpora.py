@@ -65,11 +65,14 @@ def split_wikitext_articles(lines: Iterable[str]) -> Iterator[dict[str, str]]:
     """Group WikiText lines into articles; a line ` = Title = ` starts a new one.
 
     Sub-headings (` = = Section = = `) stay inside their article. Lines are joined as
-    they are (WikiText's lines keep their trailing newline) and the article is stripped of
-    surrounding whitespace, as the authors did.
+    they are (WikiText's lines keep their trailing newline) except blank lines, which
+    become a bare newline: the hub copy stores them as "" and the original files as " ",
+    so both sources give the same text, with the paragraph breaks of the original. The
+    article is stripped of surrounding whitespace, as the authors did.
     """
     title, buf = None, []
     for line in lines:
+        line = line if line.strip() else "\n"
         if _ARTICLE_HEADING.match(line.rstrip("\n")):
             if buf and "".join(buf).strip():
                 yield {"title": title or "", "text": "".join(buf).strip()}
