@@ -1,0 +1,237 @@
+"""Checkpoints: engine state plus every rank's memory shard, written atomically.
+
+Layout of one checkpoint (`<run_dir>/checkpoints/step_00000100/`):
+
+    manifest.json     written last; its presence (and validity) makes the checkpoint real
+    engine/           the engine's own files (DeepSpeed: weights, optimizer, scheduler per rank)
+    zero_to_fp32.py   DeepSpeed's consolidation script (DeepSpeed copies it here)
+    rank_00000.pt     rank 0's shard: memory rows of its streams (by global stream id),
+    rank_00001.pt     the data streams' position, RNG states, the step
+
+Every rank writes its own shard (DeepSpeed's `client_state` is written by rank 0 only
+under ZeRO-1/2, so per-rank state cannot go there). Everything is first written into
+`checkpoints/.staging-step_XXXXXXXX/`; rank 0 writes the manifest (sizes of every file,
+sha256 of the shards) after a barrier, then renames the staging folder into place. A
+process killed while saving leaves only a staging folder, which is ignored and later
+removed: the previous checkpoint stays intact and stays the one `--resume auto` picks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import distributed as dist_utils
+
+MANIFEST = "manifest.json"
+ENGINE_TAG = "engine"
+FORMAT = 1
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: Path
+    step: int
+    world_size: int
+    manifest: dict[str, Any]
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def shard_name(rank: int) -> str:
+    return f"rank_{rank:05d}.pt"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(
+    root: Path,
+    step: int,
+    engine,
+    shard: dict[str, Any],
+    *,
+    rank: int,
+    world_size: int,
+    exclude_frozen: bool,
+    meta: dict[str, Any],
+    keep_last: int,
+) -> Path:
+    """Write a complete checkpoint for `step`, atomically. Every rank calls this.
+
+    Args:
+        root: `<run_dir>/checkpoints`.
+        engine: the TrainEngine (its `save` writes `engine/`).
+        shard: this rank's state (memory rows, stream ids, data position, RNG).
+        meta: JSON-able facts for the manifest (config hash, model type, versions, ...).
+        keep_last: complete checkpoints to keep (older ones are removed by rank 0).
+
+    Returns:
+        The final checkpoint directory.
+    """
+    root = Path(root)
+    final = root / step_dir_name(step)
+    staging = root / f".staging-{step_dir_name(step)}"
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir()
+    dist_utils.barrier()
+
+    engine.save(staging, ENGINE_TAG, exclude_frozen=exclude_frozen)
+    atomic_torch_save(dict(shard, format=FORMAT, rank=rank, world_size=world_size, step=step), staging / shard_name(rank))
+    dist_utils.barrier()
+
+    if rank == 0:
+        files = {}
+        for p in sorted(staging.rglob("*")):
+            if p.is_file():
+                files[str(p.relative_to(staging))] = p.stat().st_size
+        manifest = {
+            "format": FORMAT,
+            "step": step,
+            "world_size": world_size,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "engine_tag": ENGINE_TAG,
+            "files": files,
+            "shard_sha256": {shard_name(r): _sha256(staging / shard_name(r)) for r in range(world_size)},
+            "meta": meta,
+        }
+        atomic_write_bytes(staging / MANIFEST, json.dumps(manifest, indent=1).encode())
+        _fsync_dir(staging)
+        if final.exists():  # a re-save of the same step: move the old one aside first
+            old = root / f".old-{final.name}-{os.getpid()}"
+            os.rename(final, old)
+            os.rename(staging, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(staging, final)
+        _fsync_dir(root)
+        prune(root, keep_last)
+    dist_utils.barrier()
+    return final
+
+
+def prune(root: Path, keep_last: int) -> None:
+    """Remove all but the newest `keep_last` complete checkpoints, and stale staging folders."""
+    complete = [c for c in list_checkpoints(root) if c[1] is None]
+    for path, _ in complete[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(path, ignore_errors=True)
+    for p in root.glob(".staging-*"):
+        shutil.rmtree(p, ignore_errors=True)
+    for p in root.glob(".old-*"):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def validate(path: Path) -> CheckpointInfo:
+    """Check that `path` is a complete checkpoint; raise CheckpointError saying what is wrong."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    mpath = path / MANIFEST
+    if not mpath.is_file():
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has no {MANIFEST}: it was never completed (the process probably died "
+            f"while saving); use an earlier checkpoint or `--resume auto`"
+        )
+    try:
+        manifest = json.loads(mpath.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"checkpoint {str(path)!r}: {MANIFEST} is corrupt ({e})") from e
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {str(path)!r} has format {manifest.get('format')!r}; this version reads {FORMAT}")
+    for rel, size in manifest.get("files", {}).items():
+        f = path / rel
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint {str(path)!r} is missing {rel}")
+        if f.stat().st_size != size:
+            raise CheckpointError(f"checkpoint {str(path)!r}: {rel} is {f.stat().st_size} bytes, the manifest says {size}")
+    for name, digest in manifest.get("shard_sha256", {}).items():
+        if _sha256(path / name) != digest:
+            raise CheckpointError(f"checkpoint {str(path)!r}: {name} does not match its checksum (corrupt)")
+    return CheckpointInfo(path=path, step=int(manifest["step"]), world_size=int(manifest["world_size"]), manifest=manifest)
+
+
+def list_checkpoints(root: Path) -> list[tuple[Path, str | None]]:
+    """Finalised checkpoint folders under `root`, oldest first, with the reason each is unusable (or None)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in sorted(root.iterdir()):
+        if p.is_dir() and _STEP_DIR.match(p.name):
+            try:
+                validate(p)
+                out.append((p, None))
+            except CheckpointError as e:
+                out.append((p, str(e)))
+    return out
+
+
+def find_latest(root: Path) -> tuple[CheckpointInfo | None, list[str]]:
+    """The newest usable checkpoint under `root` (or None), and a note for each newer one skipped."""
+    skipped = []
+    for path, problem in reversed(list_checkpoints(root)):
+        if problem is None:
+            return validate(path), skipped
+        skipped.append(problem)
+    return None, skipped
+
+
+def load_shard(info: CheckpointInfo, rank: int) -> dict[str, Any]:
+    return torch.load(info.path / shard_name(rank), map_location="cpu", weights_only=False)
+
+
+def load_all_shards(info: CheckpointInfo) -> list[dict[str, Any]]:
+    return [load_shard(info, r) for r in range(info.world_size)]

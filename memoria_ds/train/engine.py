@@ -1,0 +1,217 @@
+"""The one boundary to DeepSpeed: build, forward, backward, step, save, load.
+
+`TrainEngine` is what the training loop sees. `DeepSpeedEngine` wraps a real
+`deepspeed.initialize` engine (ZeRO 1-3, offload, bf16/fp16/fp32); `TorchEngine` is plain
+PyTorch on one process (AdamW, the same schedule, clipping, optional bf16 autocast), for
+runs without DeepSpeed. Nothing else in memoria_ds imports deepspeed.
+
+Gradient accumulation is *unmanaged*: `backward()` only accumulates, and `step()` is the
+boundary (reduction and optimizer update). A micro-batch whose loss is not finite on any
+rank can therefore be left out of a step by every rank together, without leaving a
+collective unmatched.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def linear_warmup_decay(total_steps: int, warmup_ratio: float):
+    """LR multiplier: linear warm-up over `warmup_ratio * total_steps`, then linear decay to 0."""
+    warmup = max(1, int(math.ceil(warmup_ratio * total_steps))) if warmup_ratio > 0 else 0
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
+    return factor
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Trainable parameters; matrices decay, biases and norm gains do not."""
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+class TrainEngine(ABC):
+    """What the training loop needs from an engine."""
+
+    module: nn.Module
+
+    def __call__(self, **kwargs):
+        return self.forward(**kwargs)
+
+    @abstractmethod
+    def forward(self, **kwargs): ...
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def step(self) -> bool:
+        """Apply the accumulated gradients; False if the update was skipped (overflow)."""
+
+    @abstractmethod
+    def skip_step(self) -> None:
+        """Drop the accumulated gradients without an update (every micro-batch was bad)."""
+
+    @abstractmethod
+    def lr(self) -> float: ...
+
+    @abstractmethod
+    def grad_norm(self) -> float | None: ...
+
+    @abstractmethod
+    def save(self, directory: Path, tag: str, exclude_frozen: bool) -> None:
+        """Write weights, optimizer and scheduler state to `directory/tag` (every rank calls)."""
+
+    @abstractmethod
+    def load(self, directory: Path, tag: str, strict: bool) -> None: ...
+
+    def train(self) -> None:
+        self.module.train()
+
+    def eval(self) -> None:
+        self.module.eval()
+
+
+class DeepSpeedEngine(TrainEngine):
+    """A `deepspeed.initialize` engine behind the `TrainEngine` interface."""
+
+    def __init__(self, model: nn.Module, ds_config: dict[str, Any], total_steps: int, warmup_ratio: float,
+                 lr: float, weight_decay: float, betas: tuple[float, float], eps: float) -> None:
+        import deepspeed
+
+        ds_config = dict(ds_config, managed_gradient_accumulation=False)
+        groups = param_groups(model, weight_decay)
+        optimizer = None
+        if "optimizer" not in ds_config:  # no compile needed; fused kernels on CUDA
+            fused = torch.cuda.is_available()
+            optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
+        factor = linear_warmup_decay(total_steps, warmup_ratio)
+        self._engine, *_ = deepspeed.initialize(
+            model=model,
+            model_parameters=groups,
+            optimizer=optimizer,
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor),
+            config=ds_config,
+        )
+        self.module = self._engine.module
+        self.config = ds_config
+
+    @property
+    def zero_stage(self) -> int:
+        return self._engine.zero_optimization_stage()
+
+    def forward(self, **kwargs):
+        return self._engine(**kwargs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self._engine.backward(loss)
+
+    def step(self) -> bool:
+        self._engine.step()
+        return bool(getattr(self._engine, "_step_applied", True))
+
+    def skip_step(self) -> None:
+        self._engine.zero_grad()
+
+    def lr(self) -> float:
+        return float(self._engine.get_lr()[0])
+
+    def grad_norm(self) -> float | None:
+        norm = self._engine.get_global_grad_norm()
+        return None if norm is None else float(norm)
+
+    def save(self, directory: Path, tag: str, exclude_frozen: bool) -> None:
+        self._engine.save_checkpoint(str(directory), tag=tag, save_latest=False,
+                                     exclude_frozen_parameters=exclude_frozen)
+
+    def load(self, directory: Path, tag: str, strict: bool) -> None:
+        path, _ = self._engine.load_checkpoint(
+            str(directory), tag=tag, load_module_strict=strict,
+            load_optimizer_states=True, load_lr_scheduler_states=True,
+        )
+        if path is None:
+            raise RuntimeError(f"DeepSpeed could not load the checkpoint at {directory}/{tag}")
+
+
+class TorchEngine(TrainEngine):
+    """Plain PyTorch on one process: AdamW, the same schedule and clipping, bf16 autocast."""
+
+    def __init__(self, model: nn.Module, device: torch.device, total_steps: int, warmup_ratio: float, lr: float,
+                 weight_decay: float, betas: tuple[float, float], eps: float, grad_clip: float, grad_accum: int,
+                 precision: str) -> None:
+        if precision == "fp16":
+            raise ValueError("the plain-PyTorch engine supports fp32 and bf16; use DeepSpeed for fp16")
+        self.module = model.to(device)
+        self.device = device
+        self.optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, linear_warmup_decay(total_steps, warmup_ratio))
+        self.grad_clip, self.grad_accum = grad_clip, grad_accum
+        self.autocast = precision == "bf16"
+        self._norm: float | None = None
+
+    def forward(self, **kwargs):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            return self.module(**kwargs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss / self.grad_accum).backward()
+
+    def step(self) -> bool:
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip if self.grad_clip > 0 else float("inf"))
+        self._norm = float(norm)
+        if not math.isfinite(self._norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return False
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return True
+
+    def skip_step(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    def grad_norm(self) -> float | None:
+        return self._norm
+
+    def save(self, directory: Path, tag: str, exclude_frozen: bool) -> None:
+        target = Path(directory) / tag
+        target.mkdir(parents=True, exist_ok=True)
+        module = {k: v for k, v in self.module.state_dict().items()}
+        if exclude_frozen:
+            trainable = {n for n, p in self.module.named_parameters() if p.requires_grad}
+            module = {k: v for k, v in module.items() if k in trainable}
+        torch.save({"module": module, "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict()}, target / "engine.pt")
+
+    def load(self, directory: Path, tag: str, strict: bool) -> None:
+        blob = torch.load(Path(directory) / tag / "engine.pt", map_location=self.device, weights_only=False)
+        self.module.load_state_dict(blob["module"], strict=strict)
+        self.optimizer.load_state_dict(blob["optimizer"])
+        self.scheduler.load_state_dict(blob["scheduler"])
+
+
+def deepspeed_available() -> bool:
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        return False
+    return os.environ.get("MEMORIA_DS_NO_DEEPSPEED") != "1"

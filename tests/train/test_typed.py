@@ -1,0 +1,86 @@
+"""Typed configs: files, dotted overrides, unknown keys and wrong types are errors."""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from memoria_ds.train.typed import ConfigError, apply_overrides, dump, from_dict, load, to_dict
+
+
+@dataclass
+class Inner:
+    lr: float = 1e-4
+    steps: int = 10
+    kind: Literal["a", "b"] = "a"
+    name: str | None = None
+
+
+@dataclass
+class Outer:
+    inner: Inner = field(default_factory=Inner)
+    flag: bool = False
+    extra: dict = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.inner.steps < 0:
+            raise ValueError("steps must be >= 0")
+
+
+def test_file_then_overrides(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("inner:\n  lr: 0.001\n  steps: 5\nflag: true\n")
+    cfg = load(Outer, p, ["inner.steps=7", "inner.kind=b", "extra.x=3", "tags=[u, v]", "inner.name=null"])
+    assert cfg.inner.lr == 0.001 and cfg.inner.steps == 7 and cfg.inner.kind == "b"
+    assert cfg.flag is True and cfg.extra == {"x": 3} and cfg.tags == ["u", "v"] and cfg.inner.name is None
+
+
+def test_int_widens_to_float_but_not_the_other_way():
+    assert from_dict(Outer, {"inner": {"lr": 1}}).inner.lr == 1.0
+    with pytest.raises(ConfigError, match=r"`inner.steps` must be an integer"):
+        from_dict(Outer, {"inner": {"steps": 2.5}})
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["inner.lrr=1"], r"unknown setting\(s\) \['inner.lrr'\]; known under `inner`: \['kind', 'lr', 'name', 'steps'\]"),
+        (["nope=1"], r"unknown setting\(s\) \['nope'\]"),
+        (["flag=3"], r"`flag` must be true or false"),
+        (["inner.kind=c"], r"`inner.kind` must be one of \['a', 'b'\]"),
+        (["inner.lr=fast"], r"`inner.lr` must be a number"),
+        (["inner.steps=-1"], r"steps must be >= 0"),
+        (["inner"], r"must look like `section.key=value`"),
+        (["flag.x=1"], r"`flag` must be true or false, got \{'x': 1\}"),
+    ],
+)
+def test_errors_name_the_problem(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load(Outer, None, overrides)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(Outer, tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load(Outer, bad)
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping at the top level"):
+        load(Outer, lst)
+
+
+def test_dump_round_trips(tmp_path):
+    cfg = load(Outer, None, ["inner.lr=0.5", "tags=[a]"])
+    dump(cfg, tmp_path / "r.yaml")
+    assert load(Outer, tmp_path / "r.yaml") == cfg
+    assert to_dict(cfg)["inner"]["lr"] == 0.5
+
+
+def test_overrides_do_not_mutate_input():
+    base = {"inner": {"lr": 1.0}}
+    apply_overrides(base, ["inner.lr=2"])
+    assert base == {"inner": {"lr": 1.0}}
