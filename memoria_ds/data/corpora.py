@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Iterator, Sequence
 from importlib import resources
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import datasets
 

@@ -16,7 +16,8 @@ streams.py, so a training loop and the evaluation treat both the same way.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import datasets
 import numpy as np

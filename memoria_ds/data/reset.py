@@ -43,7 +43,9 @@ class ResetPolicy:
             if isinstance(self.every_n_steps, bool) or not isinstance(self.every_n_steps, int):
                 raise ValueError(f"`every_n_steps` must be an integer or None, got {self.every_n_steps!r}")
             if self.every_n_steps < 1:
-                raise ValueError(f"`every_n_steps` must be >= 1 (or None for no periodic reset), got {self.every_n_steps}")
+                raise ValueError(
+                    f"`every_n_steps` must be >= 1 (or None for no periodic reset), got {self.every_n_steps}"
+                )
 
     @classmethod
     def parse(cls, spec: str) -> "ResetPolicy":

@@ -31,7 +31,7 @@ exactly fill that many segments.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import datasets
 import numpy as np

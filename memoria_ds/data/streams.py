@@ -35,8 +35,9 @@ cut points, changes from epoch to epoch (seeded by `seed` and the epoch).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch

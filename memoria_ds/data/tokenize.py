@@ -17,7 +17,7 @@ import hashlib
 import json
 import logging
 import os
-from typing import Any, Union
+from typing import Any
 
 import datasets
 import numpy as np
@@ -32,7 +32,7 @@ GPT2_NAMES = frozenset(
 ) | {"distilgpt2", "distilbert/distilgpt2"}
 
 Tokenizer = Any  # a transformers PreTrainedTokenizerBase, or a CharVocabulary
-DatasetLike = Union[datasets.Dataset, datasets.DatasetDict]
+DatasetLike = datasets.Dataset | datasets.DatasetDict
 
 
 def gpt2_tokenizer_offline() -> Any:

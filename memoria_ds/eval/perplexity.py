@@ -15,13 +15,14 @@ rank 0's sums count.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
 from memoria_ds.data.batch import IGNORE_INDEX
-from memoria_ds.data.streams import TokenStreams
+from memoria_ds.data.streams import StreamLayout, TokenStreams
 from memoria_ds.data.token_corpus import TokenCorpus
 from memoria_ds.eval.protocols import EvalProtocol, protocol_from_name
 from memoria_ds.eval.result import EvalResult, write_results
@@ -147,7 +148,7 @@ def expected_scored_tokens(corpus: TokenCorpus, protocol: EvalProtocol) -> int:
     n = corpus.num_tokens
     if protocol.score_segment_first:
         return n - 1
-    starts = TokenStreams(corpus, num_streams=protocol.num_streams, segment_length=protocol.segment_length).layout.starts
+    starts = StreamLayout(n, protocol.num_streams, protocol.segment_length).starts
     # Each stream loses the target at the last position of each of its full segments, except
     # where that position is the very end of the data (no target to lose).
     seg = protocol.segment_length

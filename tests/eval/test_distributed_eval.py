@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from known_models import CountingMemoryLM, SortingOracle
+
 from memoria_ds.data import TokenCorpus, generate_sorting
 from memoria_ds.eval import evaluate_lm, evaluate_sorting, full_protocol, paper_protocol
 

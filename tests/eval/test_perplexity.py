@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from known_models import BigramLM, CountingMemoryLM, UnigramLM
+
 from memoria_ds.data import ResetPolicy, TokenCorpus
 from memoria_ds.eval import (
     EvalProtocol,
@@ -194,3 +194,18 @@ def test_step_limit_and_training_mode_are_honoured() -> None:
     model = UnigramLM(P.float()).train()
     r = evaluate_lm(model, corpus(), full_protocol(4), max_steps=2, progress=False)
     assert model.training and r.steps == 2 and r.scored_tokens == 8 and "stopped after 2" in r.notes[0]
+
+
+@pytest.mark.parametrize("num_streams", [2, 3, 7])
+def test_custom_protocol_without_segment_first_tokens_over_several_streams(num_streams: int) -> None:
+    c = corpus(seed=5)
+    t = np.asarray(c.tokens, dtype=np.int64)
+    seg = 4
+    protocol = EvalProtocol("custom", seg, num_streams, ResetPolicy(), score_segment_first=False)
+    r = evaluate_lm(UnigramLM(P.float()), c, protocol, progress=False)
+    n, q, rem = t.size, t.size // num_streams, t.size % num_streams
+    starts = [s * q + min(s, rem) for s in range(num_streams + 1)]
+    positions = [p for s in range(num_streams) for p in range(starts[s], starts[s + 1])
+                 if p + 1 < n and (p - starts[s]) % seg != seg - 1]  # a segment's last position is masked
+    assert r.scored_tokens == len(positions) == expected_scored_tokens(c, protocol)
+    assert r.nll_sum == pytest.approx(-np.log(P.numpy()[t[np.array(positions) + 1]]).sum(), rel=1e-6)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from known_models import SortingOracle
+
 from memoria_ds.data import generate_sorting
 from memoria_ds.eval import evaluate_sorting
 
