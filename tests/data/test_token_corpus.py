@@ -63,3 +63,16 @@ def test_truncate_documents_like_the_authors() -> None:
     assert c.doc_lengths.tolist() == [6, 3, 6]
     assert c.tokens.tolist() == [1] * 6 + [2] * 3 + [3] * 6
     assert c.metadata["documents_truncated_to_multiple_of"] == 3
+
+
+def test_default_cache_sits_next_to_the_datasets_cache(tmp_path) -> None:
+    from memoria_ds.data import CharVocabulary, local_documents, tokenize_documents
+
+    (tmp_path / "a.txt").write_text("abcab")
+    (tmp_path / "b.txt").write_text("ba")
+    docs = local_documents([str(tmp_path / "a.txt"), str(tmp_path / "b.txt")], cache_dir=str(tmp_path / "hf"))
+    tokens = tokenize_documents(docs, CharVocabulary.from_data(b"abc"))["train"]
+    c = TokenCorpus.from_dataset(tokens)
+    cache_dir = os.path.dirname(tokens.cache_files[0]["filename"])
+    assert isinstance(c.tokens, np.memmap) and os.path.dirname(c.tokens.filename) == cache_dir
+    assert c.tokens.tolist() == [0, 1, 2, 0, 1, 1, 0] and c.doc_offsets.tolist() == [0, 5, 7]
