@@ -83,7 +83,7 @@ def split_wikitext_articles(lines: Iterable[str]) -> Iterator[dict[str, str]]:
         yield {"title": title or "", "text": "".join(buf).strip()}
 
 
-def _articles_from(ds: datasets.Dataset, fingerprint: str) -> datasets.Dataset:
+def _articles_from(ds: datasets.Dataset, fingerprint: str, cache_dir: str | None) -> datasets.Dataset:
     def lines() -> Iterator[str]:
         for batch in ds.iter(batch_size=10_000):
             yield from batch["text"]
@@ -91,7 +91,7 @@ def _articles_from(ds: datasets.Dataset, fingerprint: str) -> datasets.Dataset:
     def gen() -> Iterator[dict[str, str]]:
         yield from split_wikitext_articles(lines())
 
-    return datasets.Dataset.from_generator(gen, fingerprint=fingerprint)
+    return datasets.Dataset.from_generator(gen, fingerprint=fingerprint, cache_dir=cache_dir)
 
 
 def wikitext103(
@@ -118,7 +118,7 @@ def wikitext103(
     else:
         lines = load_dataset_dict(src, config, revision=revision, cache_dir=cache_dir)
     return datasets.DatasetDict(
-        {split: _articles_from(ds, f"{ds._fingerprint}-articles-v1") for split, ds in lines.items()}
+        {split: _articles_from(ds, f"{ds._fingerprint}-articles-v1", cache_dir) for split, ds in lines.items()}
     )
 
 

@@ -70,7 +70,7 @@ def test_wikitext103_from_raw_files_hub_layout_and_save_to_disk(tmp_path) -> Non
 
     disk = tmp_path / "disk"
     datasets.DatasetDict({k: datasets.Dataset.from_dict({"text": v}) for k, v in WIKI_LINES.items()}).save_to_disk(disk)
-    assert articles(wikitext103(disk)) == EXPECTED_ARTICLES
+    assert articles(wikitext103(disk, cache_dir=str(tmp_path / "c3"))) == EXPECTED_ARTICLES
 
 
 def books(n: int, prefix: str) -> dict[str, list]:
