@@ -34,7 +34,7 @@ _WIKITEXT_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw", "t
 def _offline_hint(name: str, err: Exception) -> OSError:
     return OSError(
         f"could not load {name!r} from the hub ({err}). Without network, copy the dataset from a machine "
-        f"that has it (`huggingface-cli download {name} --repo-type dataset --local-dir DIR`, or "
+        f"that has it (`hf download {name} --repo-type dataset --local-dir DIR`, or "
         "`load_dataset(...).save_to_disk(DIR)`) and pass path=DIR"
     )
 
