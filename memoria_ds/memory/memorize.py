@@ -106,8 +106,9 @@ def memorize(state: MemoryState, retrieval: Retrieval, weights: Tensor, config: 
         state: the memory `retrieval` came from (no other step in between).
         retrieval: the result of `remind` for this step.
         weights: (B, R) contribution of each reminded engram: the mean attention
-            probability it received. Padding positions are ignored. If a row's real
-            weights sum to 0, its lifespan increment is shared equally.
+            probability it received. Padding positions are ignored; a non-finite or
+            negative weight counts as 0. If a row's real weights sum to 0, its lifespan
+            increment is shared equally.
         config: the memory's settings.
 
     Returns:
@@ -122,7 +123,10 @@ def memorize(state: MemoryState, retrieval: Retrieval, weights: Tensor, config: 
     _add_pair_counts(state.counts, torch.cat([retrieval.wm_slots, slots], dim=1))
 
     # b. lifespan increments; |M_rem| counts real engrams only
-    w = weights.detach().to(torch.float32).clamp(min=0.0) * mask
+    # padding is ignored whatever it holds (NaN * 0 would be NaN); a non-finite or negative
+    # weight of a real engram counts as 0, so a NaN can never make an engram immortal
+    w = torch.where(mask, weights.detach().to(torch.float32), 0.0)
+    w = torch.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0).clamp_(min=0.0)
     total = w.sum(dim=1, keepdim=True)
     n_rem = mask.sum(dim=1, keepdim=True).to(torch.float32)
     share = torch.where(total > 0, w / total.clamp(min=torch.finfo(torch.float32).tiny), mask / n_rem.clamp(min=1.0))

@@ -28,7 +28,8 @@ from .config import MemoriaConfig
 from .memorize import write_working_memory
 from .state import LTM, STM, MemoryState
 
-_NEG = -(1 << 30)  # "ineligible" in int32 edge keys; stays negative after adding any count * C
+_NEG = -(1 << 30)  # "ineligible" in edge keys; stays negative after adding any int16 count * C
+_NEG_BOUND = 1 << 30  # int32 keys are used while every count * C + rank stays below this
 _CHUNK = 128  # candidates scored per matmul (keeps the gathered (B, chunk, D) block in cache)
 
 
@@ -163,12 +164,18 @@ def recency_order(uid: Tensor) -> tuple[Tensor, Tensor]:
     return rank, order
 
 
+def edge_key_dtype(counts_dtype: torch.dtype, capacity: int) -> torch.dtype:
+    """int32 when `count * C + rank` always fits (int16 counts), else int64 (int32 counts)."""
+    return torch.int32 if torch.iinfo(counts_dtype).max * capacity + capacity < _NEG_BOUND else torch.int64
+
+
 def strongest_edges(rows: _Rows, walkers: Tensor, eligible_rank: Tensor, order: Tensor) -> Tensor:
     """For each walker i, the eligible j with the largest `counts[i, j] > 0`.
 
     Args:
         rows: flat access to the state. walkers: (B, W) slots, -1 = no walker.
-        eligible_rank: (B, C) int32 recency rank where j may be stepped to, `_NEG` elsewhere.
+        eligible_rank: (B, C) recency rank where j may be stepped to, `_NEG` elsewhere,
+            in the key dtype (`edge_key_dtype`).
         order: (B, C) slot of each recency rank (`recency_order`).
 
     Returns:
@@ -176,12 +183,10 @@ def strongest_edges(rows: _Rows, walkers: Tensor, eligible_rank: Tensor, order: 
         Ties go to the most recently created engram.
     """
     C = rows.C
-    key = rows.counts.index_select(0, rows.flat(walkers)).view(*walkers.shape, C).to(torch.int32)  # (B, W, C)
-    cap = (1 << 30) // C - 1  # keeps count * C + rank inside int32
-    if torch.iinfo(rows.counts.dtype).max > cap:
-        key.clamp_(max=cap)
+    key = rows.counts.index_select(0, rows.flat(walkers)).view(*walkers.shape, C).to(eligible_rank.dtype)  # (B, W, C)
     # key = count * C + rank: the count decides, the recency rank breaks ties, and the
-    # winner's slot is decoded from its key, so a (fast, vectorised) amax does the argmax
+    # winner's slot is decoded from its key, so a (fast, vectorised) amax does the argmax.
+    # The key dtype is wide enough for every count (int32 for int16 counts, else int64).
     best = key.mul_(C).add_(eligible_rank[:, None, :]).amax(dim=2)  # (B, W)
     j = order.gather(1, best.remainder(C).long())
     return torch.where((best >= C) & (walkers >= 0), j, -1)
@@ -208,11 +213,14 @@ def search_ltm(
     """
     C = rows.C
     # eligible (LTM, not yet found) -> recency rank, else _NEG; column C absorbs padding
-    eligible = torch.cat([torch.where(state.kind == LTM, rank, _NEG), rank.new_full((rows.B, 1), _NEG)], dim=1)
+    key_dtype = edge_key_dtype(state.counts.dtype, C)
+    neg = _NEG if key_dtype == torch.int32 else -(1 << 62)
+    eligible = torch.where(state.kind == LTM, rank.to(key_dtype), neg)
+    eligible = torch.cat([eligible, eligible.new_full((rows.B, 1), neg)], dim=1)
     frontier, found, scores = cues, [], []
     for _ in range(config.search_depth + 1):  # round 0: entry points from the cues
         frontier = strongest_edges(rows, frontier, eligible[:, :C], order)
-        eligible.scatter_(1, frontier.remainder(C + 1), _NEG)  # -1 lands in column C
+        eligible.scatter_(1, frontier.remainder(C + 1), neg)  # -1 lands in column C
         found.append(frontier)
         scores.append(rows.score(frontier, wm, wm_sq))
     found_all, scores_all = torch.cat(found, dim=1), torch.cat(scores, dim=1)
