@@ -78,7 +78,7 @@ class MemoryBlock(GradientCheckpointingLayer):
     def forward(
         self,
         hidden: Tensor,
-        wm: Tensor | None,
+        engrams: Tensor | None,
         memory_keys: Tensor | None,
         memory_values: Tensor | None,
         *,
@@ -92,7 +92,7 @@ class MemoryBlock(GradientCheckpointingLayer):
 
         Args:
             hidden: (B, L, D) residual stream.
-            wm: (B, N, D) working memory (Memoria) or None.
+            engrams: (B, N + R, D) working memory then reminded engrams (Memoria), or None.
             memory_keys / memory_values: (B, H, M, hd) Transformer-XL memory of this block, or None.
             block: the HF `GPT2Block` at this index (not owned: its weights keep HF's names).
             inputs: the per-forward inputs.
@@ -110,7 +110,7 @@ class MemoryBlock(GradientCheckpointingLayer):
         hidden = attn_output + residual
         weights = None
         if self.memory_attention is not None:
-            hidden, weights = self.memory_attention(hidden, wm, inputs.memory)
+            hidden, weights = self.memory_attention(hidden, engrams, inputs.memory)
         residual = hidden
         hidden = residual + block.mlp(block.ln_2(hidden))
         if inputs.collect_kv and kv is not None and kv.current is not None:

@@ -30,8 +30,6 @@ class MemoryInputs:
 
     Attributes:
         wm_active: (B,) bool, rows that have a working memory (a previous segment).
-        reminded: (B, R, D) reminded engrams in the compute dtype (constants: no gradient
-            flows into stored memory), zeros at padding.
         reminded_mask: (B, R) bool, real reminded engrams of active rows.
         reminded_active: (B,) bool, rows with at least one reminded engram.
         query_mask: (B, L) bool, query tokens that count in the contribution mean
@@ -40,7 +38,6 @@ class MemoryInputs:
     """
 
     wm_active: Tensor
-    reminded: Tensor
     reminded_mask: Tensor
     reminded_active: Tensor
     query_mask: Tensor | None
@@ -130,20 +127,21 @@ class MemoryAttention(nn.Module):
         return (per_query * m[:, :, None]).sum(dim=1) / m.sum(dim=1, keepdim=True).clamp(min=1.0)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, hidden: Tensor, wm: Tensor, mem: MemoryInputs) -> tuple[Tensor, Tensor | None]:
+    def forward(self, hidden: Tensor, engrams: Tensor, mem: MemoryInputs) -> tuple[Tensor, Tensor | None]:
         """Add the memory's contribution to the residual stream.
 
         Args:
             hidden: (B, L, D) residual stream after the block's self-attention.
-            wm: (B, N, D) working-memory engrams (carries the abstractor's gradient).
+            engrams: (B, N + R, D) the working memory (carrying the abstractor's gradient)
+                followed by the reminded engrams (constants), concatenated once per forward.
             mem: the per-forward memory inputs.
 
         Returns:
             The new residual stream (B, L, D) and the (B, R) fp32 contribution of each
             reminded engram (None when R = 0).
         """
-        N, R = wm.shape[1], mem.reminded.shape[1]
-        engrams = torch.cat([wm, mem.reminded], dim=1) if R else wm  # (B, N + R, D)
+        R = mem.reminded_mask.shape[1]
+        N = engrams.shape[1] - R
         k, v = self.kv_proj(engrams).split(self.inner_dim, dim=-1)  # (B, N + R, E) each
         k, v = self._heads(k), self._heads(v)  # (B, H, N + R, hd)
         k_wm, v_wm, k_rem, v_rem = k[:, :, :N], v[:, :, :N], k[:, :, N:], v[:, :, N:]

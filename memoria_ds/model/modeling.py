@@ -310,7 +310,7 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, GenerationMixin):
         mem_inputs = None
         if ctx is not None:
             mem_inputs = MemoryInputs(
-                ctx.wm_active, ctx.reminded, ctx.reminded_mask, ctx.reminded_active, query_mask,
+                ctx.wm_active, ctx.reminded_mask, ctx.reminded_active, query_mask,
                 use_sdpa=cfg._attn_implementation == "sdpa",
             )
         inputs = BlockInputs(
@@ -321,12 +321,14 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, GenerationMixin):
             cache=past_key_values,
             collect_kv=cfg.memory_type == "xl" and not decoding,
         )
-        wm = ctx.wm if ctx is not None else None
+        engrams = None  # (B, N + R, D): WM (with the abstractor's gradient), then the reminded constants
+        if ctx is not None:
+            engrams = torch.cat([ctx.wm, ctx.reminded], dim=1) if ctx.reminded.shape[1] else ctx.wm
         weights, new_keys, new_values = [], [], []
         for i, (block, layer) in enumerate(zip(self.transformer.h, self.memory_blocks)):
             mem_k = xl.keys[:, i] if xl is not None and xl.length else None  # (B, H, M, hd)
             mem_v = xl.values[:, i] if xl is not None and xl.length else None
-            hidden, w, k, v = layer(hidden, wm, mem_k, mem_v, block=block, inputs=inputs)
+            hidden, w, k, v = layer(hidden, engrams, mem_k, mem_v, block=block, inputs=inputs)
             if w is not None:
                 weights.append(w)
             if k is not None:

@@ -1,0 +1,217 @@
+"""Forward+backward step time and peak memory of Memoria GPT-2 against the plain backbone.
+
+All variants run side by side in one invocation, on the same shapes, in interleaved
+rounds (so a change of machine load hits them alike), each carrying its memory across
+segments exactly as training does; the ratios to the plain backbone are printed at the end.
+
+    python benchmarks/model_step.py                                   # CPU, small config
+    python benchmarks/model_step.py --shape gpt2 --device cuda --dtype bf16
+    python benchmarks/model_step.py --shape gpt2-large --device cuda --dtype bf16 --batch 8
+
+Shapes (random weights; only the shapes matter for timing):
+    small       4 layers, 256 wide, 4 heads, GPT-2's 50,257-token vocabulary
+    gpt2        12 x 768, 12 heads        gpt2-large  36 x 1280, 20 heads
+
+Variants (`--variants`, comma separated): `transformer` (the plain backbone, the
+reference of every ratio), `xl`, `memoria` (the faithful default: sequential memory
+attention at full width in every block), `memoria_parallel`, `memoria_fast` (the
+`memoria_fast` preset), and `memoria_layers=K` (faithful attention in every K-th block).
+
+The memory has the paper's WikiText-103 settings (N_wm = K_stm = K_ltm = 50, C_stm =
+400). Before timing, `--prefill` engine steps with random engrams bring each Memoria
+memory near its steady-state occupancy (its cost grows as it fills), then `--warmup`
+model steps run untimed. Reported per variant: the median step time (forward + backward)
+and its ratio to `transformer` -- on CUDA the wall clock with a sync; on CPU the process's
+CPU time, because on a machine shared with other jobs the wall clock of identical steps
+swings by several times (the minimum wall clock is printed beside it) -- and
+peak memory: CUDA `max_memory_allocated` during the timed steps, or on CPU the peak RSS
+of a separate process running `--rss-steps` steps of that variant alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+from transformers import GPT2Config
+
+from memoria_ds.memory import memorize, remind
+from memoria_ds.model import build_model
+
+SHAPES = {
+    "small": dict(n_layer=4, n_embd=256, n_head=4),
+    "gpt2": dict(n_layer=12, n_embd=768, n_head=12),
+    "gpt2-large": dict(n_layer=36, n_embd=1280, n_head=20),
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def variant_settings(name: str) -> tuple[str, dict]:
+    """(preset, extra settings) of a variant name."""
+    if name.startswith("memoria_layers="):
+        k = int(name.split("=", 1)[1])
+        return "memoria", {"memory_layers_every": k}
+    presets = {
+        "transformer": ("transformer", {}),
+        "xl": ("xl", {}),
+        "memoria": ("memoria", {}),
+        "memoria_parallel": ("memoria", {"memory_attention_mode": "parallel"}),
+        "memoria_fast": ("memoria_fast", {}),
+    }
+    if name not in presets:
+        raise SystemExit(f"unknown variant {name!r}; known: {sorted(presets)} or memoria_layers=K")
+    return presets[name]
+
+
+def make_model(name: str, a: argparse.Namespace) -> torch.nn.Module:
+    preset, extra = variant_settings(name)
+    shape = SHAPES[a.shape]
+    backbone = GPT2Config(n_positions=1024, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **shape)
+    every = extra.pop("memory_layers_every", None)
+    if every is not None:
+        extra["memory_layers"] = list(range(every - 1, shape["n_layer"], every))
+    model = build_model(backbone, preset, memory_init="random", attn_implementation=a.attn, **extra)
+    return model.to(device=a.device, dtype=DTYPES[a.dtype]).train()
+
+
+def prefill(model, memory, steps: int) -> None:
+    """Fill a Memoria memory with real engine steps on random engrams (model untouched)."""
+    if steps == 0 or model.config.memory_type != "memoria":
+        return
+    cfg = model.config.memoria_config
+    state = memory.state
+    gen = torch.Generator(device=state.device).manual_seed(0)
+    for _ in range(steps):
+        wm = torch.randn(state.batch_size, cfg.num_wm, state.dim, generator=gen, device=state.device)
+        r = remind(state, wm, cfg)
+        memorize(state, r, torch.rand(r.reminded_slots.shape, generator=gen, device=state.device), cfg)
+
+
+class Runner:
+    """One variant: its model, its memory, its data stream, one timed step at a time."""
+
+    def __init__(self, name: str, a: argparse.Namespace) -> None:
+        self.name, self.a = name, a
+        torch.manual_seed(a.seed)
+        self.model = make_model(name, a)
+        self.memory = self.model.empty_memory(a.batch, a.device)
+        prefill(self.model, self.memory, a.prefill)
+        gen = torch.Generator().manual_seed(a.seed)
+        self.tokens = torch.randint(0, self.model.config.vocab_size, (a.batch, a.segment * 8), generator=gen).to(a.device)
+        self.t = 0
+        self.times: list[float] = []  # wall clock
+        self.cpu_times: list[float] = []  # CPU time of this process (all its threads)
+
+    def step(self, timed: bool) -> None:
+        a = self.a
+        start = (self.t % 8) * a.segment
+        x = self.tokens[:, start:start + a.segment]
+        self.t += 1
+        sync()
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = self.model(x, labels=x, memory=self.memory)
+        out.loss.backward()
+        self.memory = out.memory
+        sync()
+        if timed:
+            self.times.append(time.perf_counter() - t0)
+            self.cpu_times.append(time.process_time() - c0)
+        self.model.zero_grad(set_to_none=True)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def rss_of(name: str, a: argparse.Namespace) -> float:
+    """Peak RSS (MiB) of a fresh process running `--rss-steps` steps of one variant."""
+    cmd = [sys.executable, __file__, "--worker", name, *sys.argv[1:]]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["peak_rss_mb"]
+
+
+def worker(a: argparse.Namespace) -> None:
+    r = Runner(a.worker, a)
+    for _ in range(a.rss_steps):
+        r.step(timed=False)
+    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    p.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--segment", type=int, default=150)
+    p.add_argument("--variants", default="transformer,xl,memoria,memoria_parallel,memoria_fast")
+    p.add_argument("--rounds", type=int, default=10, help="timed steps per variant (interleaved)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--prefill", type=int, default=40, help="engine steps that fill the memory before timing")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads (torch.set_num_threads)")
+    p.add_argument("--rss", action="store_true", help="also measure peak RSS per variant on CPU (subprocesses)")
+    p.add_argument("--rss-steps", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    if a.worker:
+        return worker(a)
+
+    names = a.variants.split(",")
+    if names[0] != "transformer":
+        names = ["transformer"] + [n for n in names if n != "transformer"]
+    runners = [Runner(n, a) for n in names]
+    for r in runners:
+        for _ in range(a.warmup):
+            r.step(timed=False)
+    peak = {}
+    for i in range(a.rounds):
+        for r in runners:
+            if a.device.startswith("cuda") and i == 0:
+                torch.cuda.reset_peak_memory_stats()
+            r.step(timed=True)
+            if a.device.startswith("cuda") and i == 0:
+                peak[r.name] = torch.cuda.max_memory_allocated() / 2**20
+    if a.rss and not a.device.startswith("cuda"):
+        peak = {n: rss_of(n, a) for n in names}
+
+    cuda = a.device.startswith("cuda")
+    # On a GPU the wall clock (with a sync) is the measure. On a CPU shared with other jobs
+    # the wall clock swings by several times between identical steps; the process's CPU
+    # time (1 thread by default) is what the step costs, so its median is the headline.
+    key = (lambda r: statistics.median(r.times)) if cuda else (lambda r: statistics.median(r.cpu_times))
+    base, base_wall = key(runners[0]), min(runners[0].times)
+    rows = []
+    print(f"\nshape={a.shape} device={a.device} dtype={a.dtype} attn={a.attn} batch={a.batch} segment={a.segment} "
+          f"threads={a.threads} rounds={a.rounds}")
+    head = "median wall (s)" if cuda else "median CPU (s)"
+    print(f"{'variant':<20}{'params (M)':>11}{head:>16}{'ratio':>8}{'min wall (s)':>14}{'ratio':>8}"
+          f"{'peak (MiB)':>12}{'ratio':>8}")
+    for r in runners:
+        med, wall = key(r), min(r.times)
+        n_params = sum(p.numel() for p in r.model.parameters()) / 1e6
+        row = dict(variant=r.name, params_m=n_params, step_s=med, ratio=med / base, min_wall_s=wall,
+                   wall_ratio=wall / base_wall, times=r.times, cpu_times=r.cpu_times)
+        line = f"{r.name:<20}{n_params:>11.1f}{med:>16.4f}{med / base:>8.3f}{wall:>14.4f}{wall / base_wall:>8.3f}"
+        if r.name in peak:
+            row.update(peak_mb=peak[r.name], mem_ratio=peak[r.name] / peak[names[0]])
+            line += f"{peak[r.name]:>12.0f}{peak[r.name] / peak[names[0]]:>8.3f}"
+        print(line)
+        rows.append(row)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"args": vars(a), "results": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

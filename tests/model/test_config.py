@@ -1,0 +1,104 @@
+"""Config, presets and ablations: the paper's comparisons are one config switch apart."""
+
+import pytest
+import torch
+from transformers import GPT2Config
+
+from memoria_ds.memory import MemoriaConfig
+from memoria_ds.model import PRESETS, MemoriaGPT2Config
+
+from model_helpers import SMALL_MEMORIA, segments
+
+
+def test_resolved_memoria_settings_are_explicit(backbone_config):
+    cfg = MemoriaGPT2Config.from_backbone(backbone_config, "memoria", memoria={"num_wm": 16})
+    assert cfg.memoria["num_wm"] == 16
+    assert cfg.memoria["capacity"] == MemoriaConfig(num_wm=16).capacity  # resolved, written to config.json
+    assert cfg.memoria_config == MemoriaConfig(num_wm=16)
+    # every backbone field is kept
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size) == (2, 64, 4, 257)
+
+
+def test_round_trip_through_dict(backbone_config):
+    cfg = MemoriaGPT2Config.from_backbone(backbone_config, "xl", xl_memory_length=7, segment_length=12)
+    again = MemoriaGPT2Config.from_dict(cfg.to_dict())
+    assert again.to_dict() == cfg.to_dict()
+    assert again.memory_type == "xl" and again.xl_memory_length == 7
+
+
+@pytest.mark.parametrize(
+    "preset,memory_type,use_stm,use_ltm",
+    [("transformer", "none", True, True), ("xl", "xl", True, True), ("memoria_wm", "memoria", False, False),
+     ("memoria_wm_stm", "memoria", True, False), ("memoria", "memoria", True, True)],
+)
+def test_presets(backbone_config, preset, memory_type, use_stm, use_ltm):
+    cfg = MemoriaGPT2Config.from_backbone(backbone_config, preset)
+    assert cfg.memory_type == memory_type
+    assert (cfg.memoria_config.use_stm, cfg.memoria_config.use_ltm) == (use_stm, use_ltm)
+
+
+def test_preset_memoria_settings_merge_with_explicit_ones(backbone_config):
+    cfg = MemoriaGPT2Config.from_backbone(backbone_config, "memoria_wm_stm", memoria={"num_wm": 2})
+    assert cfg.memoria["num_wm"] == 2 and cfg.memoria["use_ltm"] is False
+
+
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        ({"memory_type": "bogus"}, "memory_type"),
+        ({"memory_layers": [0, 5]}, "memory_layers"),
+        ({"memory_layers": [1, 1]}, "memory_layers"),
+        ({"memory_inner_dim": 30}, "multiple of"),
+        ({"memory_attention_mode": "both"}, "memory_attention_mode"),
+        ({"memory_init": "zeros"}, "memory_init"),
+        ({"xl_memory_length": 0}, "xl_memory_length"),
+        ({"segment_length": 1000}, "n_positions"),
+        ({"memoria": {"num_stm_reminded": 9, "stm_capacity": 8}}, "stm_capacity"),
+        ({"memoria": {"nonsense": 1}}, "unknown Memoria setting"),
+    ],
+)
+def test_invalid_settings_say_what_is_wrong(backbone_config, settings, message):
+    with pytest.raises(Exception, match=message):
+        MemoriaGPT2Config.from_backbone(backbone_config, **settings)
+
+
+def test_unknown_preset_lists_the_known_ones(backbone_config):
+    with pytest.raises(ValueError, match="known"):
+        MemoriaGPT2Config.from_backbone(backbone_config, "memoria_large")
+    assert {"transformer", "xl", "memoria_wm", "memoria_wm_stm", "memoria"} <= set(PRESETS)
+
+
+def test_fast_preset_width_and_mode(backbone_config):
+    cfg = MemoriaGPT2Config.from_backbone(backbone_config, "memoria_fast")
+    assert cfg.memory_attention_mode == "parallel"
+    assert cfg.resolved_memory_inner_dim == 16 and cfg.resolved_memory_inner_dim % cfg.resolved_memory_heads == 0
+
+
+def test_memory_layers_choose_the_blocks(make_model):
+    model = make_model("memoria", memory_layers=[1])
+    assert [b.memory_attention is not None for b in model.memory_blocks] == [False, True]
+    assert all(b.memory_attention is None for b in make_model("xl").memory_blocks)
+    assert make_model("xl").abstractor is None
+
+
+@pytest.mark.parametrize("preset,stm,ltm", [("memoria_wm", 0, 0), ("memoria_wm_stm", 3, 0), ("memoria", 3, 3)])
+def test_ablations_remind_the_right_engrams(make_model, preset, stm, ltm):
+    """Table 7 switches: reminded slot counts, and what is actually reminded once memory has filled."""
+    model = make_model(preset, memory_init="random")
+    cfg = model.config.memoria_config
+    assert cfg.num_reminded == stm + ltm
+    memory, seen_stm, seen_ltm = None, 0, 0
+    with torch.no_grad():
+        for x in segments(count=10):
+            out = model(x, memory=memory)
+            memory = out.memory
+            seen_stm = max(seen_stm, int(out.memory_stats.reminded_stm.max()))
+            seen_ltm = max(seen_ltm, int(out.memory_stats.reminded_ltm.max()))
+    assert seen_stm == stm
+    assert (seen_ltm > 0) == (ltm > 0) and seen_ltm <= ltm
+
+
+def test_backbone_from_a_plain_gpt2_config_keeps_its_fields():
+    backbone = GPT2Config(n_layer=3, n_embd=32, n_head=2, vocab_size=100, n_positions=64, activation_function="gelu")
+    cfg = MemoriaGPT2Config.from_backbone(backbone, "memoria", memoria=SMALL_MEMORIA)
+    assert (cfg.n_layer, cfg.activation_function, cfg.n_positions, cfg.model_type) == (3, "gelu", 64, "memoria_gpt2")
