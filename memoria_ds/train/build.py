@@ -1,0 +1,108 @@
+"""Build what a run needs from its RunConfig: the model (with LoRA), the corpora, the precision."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoConfig, GPT2Config
+
+from ..data import TokenCorpus, local_documents, prepare_corpus
+from ..model import MemoriaGPT2Config, apply_lora, build_model
+from . import distributed as dist_utils
+from .config import DataSection, LoraSection, ModelSection, RunConfig
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`auto` -> bf16 on a GPU that supports it, else fp32."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
+def load_corpora(data: DataSection, splits: tuple[str, ...], rank: int) -> dict[str, TokenCorpus]:
+    """Tokenized splits. Rank 0 prepares (and caches) them first; the others then read the cache."""
+    kwargs: dict[str, Any] = dict(data.loader)
+    if data.path is not None:
+        kwargs["path"] = data.path
+
+    def prepare() -> dict[str, TokenCorpus]:
+        if data.corpus == "files":
+            docs = local_documents(data.files, text_field=data.text_field)
+            return prepare_corpus(docs, data.tokenizer, name="files", splits=splits, num_proc=data.num_proc)
+        return prepare_corpus(data.corpus, data.tokenizer, splits=splits, num_proc=data.num_proc, **kwargs)
+
+    if rank == 0:
+        out = prepare()
+    dist_utils.barrier()
+    if rank != 0:
+        out = prepare()
+    return out
+
+
+# The published GPT-2 shapes (n_embd, n_layer, n_head): a from-scratch run needs only these,
+# so it never asks the hub.
+GPT2_SHAPES = {"gpt2": (768, 12, 12), "gpt2-medium": (1024, 24, 16), "gpt2-large": (1280, 36, 20),
+               "gpt2-xl": (1600, 48, 25)}
+
+
+def _from_scratch_backbone(model: ModelSection, vocab_size: int | None) -> GPT2Config:
+    """The backbone config for a from-scratch run: the named architecture (a GPT-2 size, or a
+    local directory's config) with the corpus vocabulary."""
+    name = model.backbone.split("/")[-1]
+    if name in GPT2_SHAPES:
+        n_embd, n_layer, n_head = GPT2_SHAPES[name]
+        base = GPT2Config(n_embd=n_embd, n_layer=n_layer, n_head=n_head)
+    else:
+        base = AutoConfig.from_pretrained(model.backbone)
+    values = {k: v for k, v in base.to_dict().items() if k in GPT2Config().to_dict()}
+    if vocab_size is not None:
+        values["vocab_size"] = vocab_size
+    return GPT2Config(**values)
+
+
+def build_run_model(cfg: RunConfig, vocab_size: int | None) -> nn.Module:
+    """The model of `cfg` (Memoria GPT-2 or a baseline), LoRA-wrapped if asked.
+
+    Args:
+        vocab_size: the corpus vocabulary; a from-scratch model gets it unless `settings`
+            says otherwise; a pretrained backbone must cover it.
+    """
+    m = cfg.model
+    settings = dict(m.settings)
+    settings.setdefault("segment_length", cfg.data.segment_length)
+    if m.from_scratch:
+        backbone = _from_scratch_backbone(m, settings.pop("vocab_size", vocab_size))
+        arch = {k: settings.pop(k) for k in list(settings) if k in GPT2Config().to_dict() and k != "vocab_size"}
+        backbone = GPT2Config(**{**backbone.to_dict(), **arch})
+        model = build_model(backbone, m.preset, attn_implementation=m.attn_implementation, **settings)
+    else:
+        model = build_model(m.backbone, m.preset, attn_implementation=m.attn_implementation, **settings)
+    if vocab_size is not None and model.config.vocab_size < vocab_size:
+        raise ValueError(
+            f"the corpus has token ids up to {vocab_size - 1} but the model's vocabulary has {model.config.vocab_size} "
+            f"entries; use the backbone's tokenizer (data.tokenizer) or a from-scratch model"
+        )
+    if m.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    return apply_lora_section(model, cfg.lora)
+
+
+def apply_lora_section(model: nn.Module, lora: LoraSection) -> nn.Module:
+    if not lora.enabled:
+        return model
+    return apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The MemoriaGPT2LMHeadModel inside a PeftModel (or the model itself)."""
+    base = getattr(model, "get_base_model", None)
+    return base() if callable(base) else model
+
+
+def model_config(model: nn.Module) -> MemoriaGPT2Config:
+    return unwrap(model).config

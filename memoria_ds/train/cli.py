@@ -1,0 +1,75 @@
+"""Command line of the training entry points (launch/finetune.py, launch/pretrain.py).
+
+    deepspeed launch/finetune.py --deepspeed ds_configs/zero2.json [--config run.yaml] [key=value ...]
+    python launch/finetune.py --config run.yaml            # one process, no launcher
+    torchrun --nproc_per_node 2 launch/finetune.py ...     # also works
+
+Overrides are dotted keys of `RunConfig` (`optim.lr=3e-5`, `model.preset=xl`,
+`data.corpus=wikitext103`). Mistakes in the configuration stop the run before anything
+starts, with a message that says what to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .checkpoint import CheckpointError
+from .config import RunConfig
+from .typed import ConfigError, load
+
+
+def parse(argv: list[str] | None, description: str, base_overrides: list[str]) -> RunConfig:
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__)
+    p.add_argument("--config", help="YAML or JSON run configuration (see memoria_ds/train/config.py)")
+    p.add_argument("--deepspeed", help="DeepSpeed JSON (ds_configs/); same as deepspeed=PATH")
+    p.add_argument("--resume", help="auto | a checkpoint path | none; same as checkpoint.resume=...")
+    p.add_argument("--run-dir", help="same as run_dir=PATH")
+    p.add_argument("--engine", choices=["deepspeed", "torch"], help="same as engine=...")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=3e-5 model.preset=xl")
+    a = p.parse_args(argv)
+    overrides = list(base_overrides) + list(a.overrides)
+    if a.deepspeed:
+        overrides.append(f"deepspeed={a.deepspeed}")
+    if a.resume:
+        overrides.append(f"checkpoint.resume={'null' if a.resume == 'none' else a.resume}")
+    if a.run_dir:
+        overrides.append(f"run_dir={a.run_dir}")
+    if a.engine:
+        overrides.append(f"engine={a.engine}")
+    return load(RunConfig, a.config, overrides)
+
+
+def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2",
+         base_overrides: list[str] | None = None) -> None:
+    try:
+        cfg = parse(argv, description, base_overrides or [])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+    from . import distributed as dist_utils
+    from .loop import NonFiniteLoss, run
+
+    info = dist_utils.init_distributed(use_deepspeed=cfg.engine == "deepspeed")
+    code = 0
+    try:
+        summary = run(cfg, info)
+        if info.is_main:
+            print(json.dumps({"summary": summary}, default=str), flush=True)
+    except (ConfigError, CheckpointError, NonFiniteLoss) as e:
+        print(f"error (rank {info.rank}): {e}", file=sys.stderr, flush=True)
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    try:
+        dist_utils.shutdown() if code == 0 else None
+    finally:
+        # A rank can abort in interpreter teardown after a finished DeepSpeed run
+        # (shared/notes/deepspeed_on_cpu.md); leave right away instead.
+        os._exit(code)

@@ -1,0 +1,256 @@
+"""RunConfig: everything a training run needs, typed, from YAML/JSON plus dotted overrides.
+
+    python launch/finetune.py --config configs/x.yaml optim.lr=3e-5 model.preset=xl
+
+Sections: `model`, `lora`, `data`, `optim`, `checkpoint`, `log`, `eval`, plus the run's
+directory, seed, engine and DeepSpeed JSON. Unknown keys and wrong types are errors
+(`typed.py`); cross-field checks are in `__post_init__`. The resolved configuration is
+written to `<run_dir>/config.yaml` at the start of every run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..data.reset import ResetPolicy
+
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+
+
+@dataclass
+class ModelSection:
+    """Which model to build.
+
+    Args:
+        backbone: a GPT-2 hub name (`gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`) or a
+            local directory. Fine-tuning loads its weights; `from_scratch` uses only its
+            config (override sizes in `settings`, e.g. `n_layer`).
+        from_scratch: build a randomly initialised model from the backbone's config.
+        preset: a comparison of the paper (`memoria_ds.model.config.PRESETS`): `memoria`,
+            `memoria_wm`, `memoria_wm_stm`, `xl`, `transformer`, `memoria_fast`.
+        settings: any other `MemoriaGPT2Config` field (`memoria: {...}` for the memory,
+            `memory_layers`, `xl_memory_length`, backbone sizes for from-scratch runs).
+        gradient_checkpointing: recompute backbone blocks in backward.
+        attn_implementation: `sdpa` (default) or `eager`.
+    """
+
+    backbone: str = "gpt2"
+    from_scratch: bool = False
+    preset: str = "memoria"
+    settings: dict = field(default_factory=dict)
+    gradient_checkpointing: bool = False
+    attn_implementation: str = "sdpa"
+
+
+@dataclass
+class LoraSection:
+    """peft LoRA on the backbone's Conv1D projections; the Memoria modules stay fully trained."""
+
+    enabled: bool = False
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["c_attn", "c_proj", "c_fc"])
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ValueError(f"`lora.r` ({self.r}) must be at least 1")
+
+
+@dataclass
+class DataSection:
+    """The corpus, its streams and the memory reset policy.
+
+    Args:
+        corpus: `bundled` (the shipped public-domain book), `wikitext103`, `pg19`,
+            `enwik8`, or `files` (local text/jsonl/parquet files in `files`).
+        path: a local copy of the corpus (hub layout, `save_to_disk` folder, raw files);
+            None loads from the hub.
+        files: data files for `corpus: files`, as `{split: [paths]}`.
+        text_field: the document column of local files.
+        tokenizer: a tokenizer name or path; None: the GPT-2 tokenizer (or, for enwik8,
+            its 204-symbol character vocabulary).
+        segment_length: tokens per segment (150 in the paper; 512 for enwik8).
+        tail: `drop` (full segments only, as the paper) or `pad`.
+        shuffle_documents: a new seeded document order every epoch.
+        reset: memory reset policy for training: `never`, `document_start`, `every:N`, or
+            `document_start+every:N` (the paper resets all memory every 500 steps).
+        loader: extra keyword arguments for the corpus loader (e.g. `num_train_books`).
+        num_proc: tokenisation processes.
+    """
+
+    corpus: str = "bundled"
+    path: str | None = None
+    files: dict = field(default_factory=dict)
+    text_field: str = "text"
+    tokenizer: str | None = None
+    segment_length: int = 150
+    tail: Literal["drop", "pad"] = "drop"
+    shuffle_documents: bool = False
+    reset: str = "every:500"
+    loader: dict = field(default_factory=dict)
+    num_proc: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.segment_length < 2:
+            raise ValueError(f"`data.segment_length` ({self.segment_length}) must be at least 2")
+        ResetPolicy.parse(self.reset)  # fails early with the list of valid forms
+        if self.corpus == "files" and not self.files:
+            raise ValueError("`data.corpus: files` needs `data.files`, e.g. {train: [a.txt], validation: [b.txt]}")
+
+    @property
+    def reset_policy(self) -> ResetPolicy:
+        return ResetPolicy.parse(self.reset)
+
+
+@dataclass
+class OptimSection:
+    """Optimiser, schedule, batch and precision.
+
+    Streams: every data-parallel rank owns `micro_batch_size * grad_accum` token streams;
+    micro-batch j of a step feeds rows [j * micro, (j + 1) * micro) of them, so
+    `train_batch_size = micro_batch_size * grad_accum * world_size` is also the number of
+    streams (B_global), each with its own memory row.
+
+    Args:
+        lr: peak learning rate (paper: 5e-5 fine-tuning, 2e-4 from scratch).
+        weight_decay: AdamW weight decay on matrices (0 = Adam, as the paper).
+        warmup_ratio: linear warm-up over this fraction of the steps, then linear decay to 0.
+        grad_clip: gradient norm clipping (paper: 1.0); 0 disables it.
+        micro_batch_size: streams per rank per micro-batch.
+        grad_accum: micro-batches per optimiser step.
+        epochs: passes over the training split (ignored when `max_steps` is set).
+        max_steps: optimiser steps to run (overrides `epochs`).
+        precision: `auto` (bf16 on GPUs that support it, else fp32), `fp32`, `bf16`, `fp16` (GPU only).
+        nan_policy: on a non-finite loss, `skip` (the micro-batch is left out of the step on
+            every rank, the affected memory rows are reset, and training goes on) or `stop`
+            (stop with an error; the last good checkpoint is kept).
+    """
+
+    lr: float = 5e-5
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    warmup_ratio: float = 0.06
+    grad_clip: float = 1.0
+    micro_batch_size: int = 8
+    grad_accum: int = 1
+    epochs: int = 3
+    max_steps: int | None = None
+    precision: Precision = "auto"
+    nan_policy: Literal["skip", "stop"] = "skip"
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"`optim.lr` ({self.lr}) must be > 0")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"`optim.warmup_ratio` ({self.warmup_ratio}) must be in [0, 1)")
+        if self.micro_batch_size < 1 or self.grad_accum < 1:
+            raise ValueError("`optim.micro_batch_size` and `optim.grad_accum` must be at least 1")
+        if self.epochs < 1:
+            raise ValueError(f"`optim.epochs` ({self.epochs}) must be at least 1")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"`optim.max_steps` ({self.max_steps}) must be at least 1, or null")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"`optim.betas` must be two numbers in [0, 1), got {self.betas}")
+        if self.grad_clip < 0:
+            raise ValueError(f"`optim.grad_clip` ({self.grad_clip}) must be >= 0")
+
+
+@dataclass
+class CheckpointSection:
+    """When and what to save.
+
+    Args:
+        every: save every N optimiser steps (and at the end); 0: only at the end.
+        keep_last: complete checkpoints to keep.
+        resume: `auto` (the newest complete checkpoint of the run, if any), a checkpoint
+            path, or null (start fresh; an existing run directory with checkpoints is then
+            refused rather than overwritten).
+        export: write a Hugging Face directory (`<run_dir>/export`) at the end.
+        merge_lora: export LoRA merged into the backbone (else the adapter is saved beside it).
+    """
+
+    every: int = 500
+    keep_last: int = 2
+    resume: str | None = "auto"
+    export: bool = True
+    merge_lora: bool = True
+
+    def __post_init__(self) -> None:
+        if self.every < 0 or self.keep_last < 1:
+            raise ValueError("`checkpoint.every` must be >= 0 and `checkpoint.keep_last` >= 1")
+
+
+@dataclass
+class LogSection:
+    every: int = 10
+    tensorboard: bool = True
+    progress: bool = True
+
+
+@dataclass
+class EvalSection:
+    """Evaluation during and after training (memoria_ds.eval protocols).
+
+    Args:
+        every: evaluate every N optimiser steps; 0: only at the end.
+        split: the split to evaluate.
+        protocols: `full` (every token, `num_streams` streams) and/or `paper` (one stream,
+            149 of 150 tokens scored, no resets: the authors' protocol).
+        num_streams: streams of the `full` protocol (a multiple of the world size); 0:
+            one per rank.
+        reset: reset policy of the `full` protocol.
+        max_steps: evaluate at most this many segments per protocol (quick checks).
+        at_end: evaluate once training is done.
+    """
+
+    every: int = 0
+    split: str = "validation"
+    protocols: list[str] = field(default_factory=lambda: ["full"])
+    num_streams: int = 0
+    reset: str = "never"
+    max_steps: int | None = None
+    at_end: bool = True
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.protocols if p not in ("full", "paper")]
+        if bad:
+            raise ValueError(f"unknown eval protocol(s) {bad}; use `full` and/or `paper`")
+        ResetPolicy.parse(self.reset)
+
+
+@dataclass
+class RunConfig:
+    """A whole training run.
+
+    Args:
+        run_dir: where the resolved config, metrics, TensorBoard logs, checkpoints and the
+            export go.
+        seed: seeds every RNG (per rank: seed + rank for dropout streams).
+        engine: `deepspeed` (default) or `torch` (plain PyTorch, one process).
+        deepspeed: the DeepSpeed JSON (ds_configs/); `--deepspeed` on the command line sets it.
+    """
+
+    run_dir: str = "runs/default"
+    seed: int = 1234
+    engine: Literal["deepspeed", "torch"] = "deepspeed"
+    deepspeed: str = "ds_configs/cpu.json"
+    model: ModelSection = field(default_factory=ModelSection)
+    lora: LoraSection = field(default_factory=LoraSection)
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    log: LogSection = field(default_factory=LogSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+
+    def __post_init__(self) -> None:
+        if self.lora.enabled and self.model.from_scratch:
+            raise ValueError("LoRA adapts a pretrained backbone: set `lora.enabled: false` for `model.from_scratch`")
+
+
+def describe(cfg: RunConfig) -> dict[str, Any]:
+    """A short summary for logs."""
+    return {"model": f"{cfg.model.backbone} ({cfg.model.preset}{', scratch' if cfg.model.from_scratch else ''})",
+            "data": f"{cfg.data.corpus} L={cfg.data.segment_length}", "run_dir": cfg.run_dir}

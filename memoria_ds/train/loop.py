@@ -1,0 +1,279 @@
+"""The one training loop: DeepSpeed or plain PyTorch, one rank or many, fine-tuning or scratch.
+
+Per optimiser step, every rank reads segment t of its `micro_batch_size * grad_accum`
+streams and feeds them as `grad_accum` micro-batches, each with its own memory slot
+(memory rows = streams; the memory never crosses ranks and adds no collective). Memory
+rows are reset per the data reset policy (every 500 steps by default, optionally at
+document starts, always at an epoch's first segment).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data import TokenStreams
+from ..eval import EvalResult, evaluate_lm, protocol_from_name
+from . import distributed as dist_utils
+from .build import build_run_model, load_corpora, resolve_precision, unwrap
+from .checkpoint import CheckpointError, CheckpointInfo, load_all_shards, load_shard, save_checkpoint
+from .config import RunConfig
+from .distributed import DistInfo
+from .ds_config import read_ds_config, resolve_ds_config
+from .engine import DeepSpeedEngine, TorchEngine, TrainEngine
+from .export import export_hf
+from .metrics import MetricsWriter
+from .resume import check_compatible, choose_checkpoint, describe_resume, ensure_universal, fingerprint
+from .shards import make_shard, restore_memories, set_rng_state
+from .typed import dump, to_dict
+
+
+class NonFiniteLoss(RuntimeError):
+    """A loss was NaN or infinite and `optim.nan_policy` is `stop`."""
+
+
+def _versions() -> dict[str, str]:
+    import deepspeed
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "deepspeed": deepspeed.__version__}
+
+
+class Trainer:
+    """Owns one run: build, resume, train, evaluate, checkpoint, export."""
+
+    def __init__(self, cfg: RunConfig, info: DistInfo) -> None:
+        self.cfg, self.info = cfg, info
+        self.run_dir = Path(cfg.run_dir)
+        self.device = info.device
+        self.precision = resolve_precision(cfg.optim.precision, info.device)
+        self.micro, self.accum = cfg.optim.micro_batch_size, cfg.optim.grad_accum
+        self.num_streams = self.micro * self.accum * info.world_size
+        if cfg.engine == "torch" and info.world_size != 1:
+            raise ValueError("engine `torch` runs on one process; use engine `deepspeed` for several ranks")
+        if info.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        dist_utils.barrier()
+        self.log = MetricsWriter(self.run_dir, enabled=info.is_main, total_steps=0, initial_step=0,
+                                 tensorboard=False, progress=False).message
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self) -> None:
+        cfg, info = self.cfg, self.info
+        self.resume_from: CheckpointInfo | None = dist_utils.broadcast_object(
+            choose_checkpoint(cfg, self.log) if info.is_main else None
+        )
+        if self.resume_from is not None:
+            check_compatible(self.resume_from, cfg)
+
+        splits = ("train",) + ((cfg.eval.split,) if (cfg.eval.at_end or cfg.eval.every) else ())
+        self.corpora = load_corpora(cfg.data, splits, info.rank)
+        train = self.corpora["train"]
+        self.streams = TokenStreams(
+            train, num_streams=self.num_streams, segment_length=cfg.data.segment_length, rank=info.rank,
+            world_size=info.world_size, tail=cfg.data.tail, shuffle_documents=cfg.data.shuffle_documents,
+            seed=cfg.seed,
+        )
+        self.total_steps = cfg.optim.max_steps or cfg.optim.epochs * self.streams.steps_per_epoch
+        self.stream_ids = [int(s) for s in self.streams.stream_ids]
+
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+        model = build_run_model(cfg, train.metadata.get("vocab_size"))
+        self.lora = cfg.lora.enabled
+        self.engine = self._build_engine(model)
+        self.model = self.engine.module
+        self.memoria_config = (unwrap(self.model).config.memoria_config
+                               if unwrap(self.model).config.memory_type == "memoria" else None)
+
+        self.start_step = 0
+        self.memories: list[Any] = [None] * self.accum
+        torch.manual_seed(cfg.seed + 1000 * (info.rank + 1))  # dropout streams differ per rank
+        if self.resume_from is not None:
+            self._resume(self.resume_from)
+        if info.is_main:
+            dump(cfg, self.run_dir / "config.yaml")
+            if isinstance(self.engine, DeepSpeedEngine):
+                (self.run_dir / "ds_config.json").write_text(json.dumps(self.engine.config, indent=1))
+
+    def _build_engine(self, model) -> TrainEngine:
+        cfg, o = self.cfg, self.cfg.optim
+        common = dict(total_steps=self.total_steps, warmup_ratio=o.warmup_ratio, lr=o.lr,
+                      weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps)
+        if cfg.engine == "torch":
+            return TorchEngine(model, self.device, grad_clip=o.grad_clip, grad_accum=o.grad_accum,
+                               precision=self.precision, **common)
+        ds = resolve_ds_config(
+            read_ds_config(cfg.deepspeed), micro_batch_size=o.micro_batch_size, grad_accum=o.grad_accum,
+            world_size=self.info.world_size, grad_clip=o.grad_clip, precision=self.precision, lr=o.lr,
+            weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps, device_type=self.device.type,
+            nan_policy=o.nan_policy,
+        )
+        if self.resume_from is not None and self.resume_from.world_size != self.info.world_size:
+            ds["checkpoint"] = dict(ds.get("checkpoint", {}), load_universal=True)
+        model.to(self.device)
+        return DeepSpeedEngine(model, ds, **common)
+
+    def _resume(self, ckpt: CheckpointInfo) -> None:
+        info = self.info
+        same = ckpt.world_size == info.world_size
+        note = describe_resume(ckpt, info.world_size)
+        if same:
+            self.engine.load(ckpt.path, "engine", strict=not self.lora)
+            shards = [load_shard(ckpt, info.rank)]
+        else:
+            if not isinstance(self.engine, DeepSpeedEngine):
+                raise CheckpointError("a world-size change needs the DeepSpeed engine")
+            tag = ensure_universal(ckpt, info.rank)
+            self.engine.load(ckpt.path, tag, strict=not self.lora)
+            shards = load_all_shards(ckpt)
+        mine = shards[0] if same else next(s for s in shards if s["rank"] == 0)
+        self.streams.load_state_dict(mine["streams"])
+        self.memories = restore_memories(shards, self.stream_ids, self.micro, self.device, self.memoria_config)
+        if same:
+            set_rng_state(shards[0]["rng"])
+        else:
+            torch.manual_seed(self.cfg.seed + 7919 * ckpt.step + info.rank)
+            self.log(f"resume: {ckpt.world_size} -> {info.world_size} ranks: weights, optimizer and schedule via "
+                     f"DeepSpeed's universal checkpoint; memory rows and streams re-sharded by stream id; "
+                     f"RNG states re-seeded (they cannot be mapped between world sizes)")
+        self.start_step = ckpt.step
+        self.log(f"resume: {json.dumps(note)}")
+
+    # ------------------------------------------------------------------ training
+    def train(self) -> dict[str, Any]:
+        cfg, info = self.cfg, self.info
+        writer = MetricsWriter(self.run_dir, enabled=info.is_main, total_steps=self.total_steps,
+                               initial_step=self.start_step, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress)
+        policy = cfg.data.reset_policy
+        window = {"loss_sum": 0.0, "scored": 0.0, "tokens": 0.0, "skipped": 0.0, "t0": time.time(), "steps": 0}
+        batches = iter(self.streams)
+        last_stats, last_loss = None, float("nan")
+        self.engine.train()
+        for step in range(self.start_step, self.total_steps):
+            batch = next(batches, None)
+            if batch is None:  # epoch finished: the streams move to the next one
+                batches = iter(self.streams)
+                batch = next(batches)
+            batch = batch.to(self.device)
+            reset = policy.reset_mask(batch, step)
+            good = 0
+            for j in range(self.accum):
+                rows = slice(j * self.micro, (j + 1) * self.micro)
+                targets = batch.targets[rows]
+                out = self.engine(input_ids=batch.input_ids[rows], shift_labels=targets,
+                                  memory=self.memories[j], reset=reset[rows])
+                loss = out.loss
+                bad = not bool(torch.isfinite(loss.detach()).item())
+                if dist_utils.any_true(bad, self.device):
+                    if cfg.optim.nan_policy == "stop":
+                        raise NonFiniteLoss(
+                            f"non-finite loss at step {step} (micro-batch {j}, rank {info.rank if bad else 'another'}); "
+                            f"stopped by optim.nan_policy=stop. The last good checkpoint is kept in "
+                            f"{self.run_dir / 'checkpoints'}; lower optim.lr or use nan_policy=skip"
+                        )
+                    self.memories[j] = None  # its rows may hold non-finite values: start them fresh
+                    window["skipped"] += 1
+                    continue
+                self.engine.backward(loss)
+                self.memories[j] = out.memory
+                last_stats = out.memory_stats if out.memory_stats is not None else last_stats
+                scored = float((targets != -100).sum())
+                window["loss_sum"] += float(loss.detach()) * scored
+                window["scored"] += scored
+                window["tokens"] += float(batch.attention_mask[rows].sum())
+                good += 1
+            if good:
+                self.engine.step()
+            else:
+                self.engine.skip_step()
+            done = step + 1
+            window["steps"] += 1
+            writer.advance()
+            if done % cfg.log.every == 0 or done == self.total_steps:
+                last_loss = self._log_window(writer, done, window, last_stats)
+            if cfg.eval.every and done % cfg.eval.every == 0 and done != self.total_steps:
+                self.evaluate(writer, done)
+            if (cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or done == self.total_steps:
+                self.save(done)
+        results = self.evaluate(writer, self.total_steps) if cfg.eval.at_end else []
+        export_dir = None
+        if cfg.checkpoint.export:
+            export_dir = export_hf(self, self.run_dir / "checkpoints")
+        writer.close()
+        summary = {"steps": self.total_steps, "final_train_loss": last_loss,
+                   "eval": [r.to_dict() for r in results], "export": str(export_dir) if export_dir else None,
+                   "run_dir": str(self.run_dir)}
+        if info.is_main:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
+
+    def _log_window(self, writer: MetricsWriter, step: int, w: dict[str, Any], stats) -> float:
+        loss_sum, scored, tokens, skipped = dist_utils.all_sum(
+            [w["loss_sum"], w["scored"], w["tokens"], w["skipped"]], self.device)
+        elapsed = max(time.time() - w["t0"], 1e-9)
+        loss = loss_sum / scored if scored else float("nan")
+        values = {"loss": loss, "ppl": math.exp(min(loss, 50.0)) if scored else float("nan"),
+                  "tok/s": tokens / elapsed, "lr": self.engine.lr(), "skipped_micro_batches": skipped,
+                  "epoch": self.streams.epoch}
+        norm = self.engine.grad_norm()
+        if norm is not None:
+            values["grad_norm"] = norm
+        if stats is not None:
+            values.update(stats.summary())
+        writer.log(step, values)
+        w.update(loss_sum=0.0, scored=0.0, tokens=0.0, skipped=0.0, t0=time.time(), steps=0)
+        return loss
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, writer: MetricsWriter, step: int) -> list[EvalResult]:
+        cfg = self.cfg
+        corpus = self.corpora.get(cfg.eval.split)
+        if corpus is None:
+            return []
+        streams = cfg.eval.num_streams or self.info.world_size
+        results = []
+        self.engine.eval()
+        for name in cfg.eval.protocols:
+            protocol = protocol_from_name(name, cfg.data.segment_length, streams, cfg.eval.reset)
+            out_dir = self.run_dir / "eval"
+            if self.info.is_main:
+                out_dir.mkdir(exist_ok=True)
+            result = evaluate_lm(
+                self.model, corpus, protocol, model_name=f"{cfg.model.backbone}:{cfg.model.preset}@step{step}",
+                rank=self.info.rank, world_size=self.info.world_size, device=self.device,
+                max_steps=cfg.eval.max_steps, progress=False,
+                output_path=str(out_dir / f"step_{step:08d}_{name}.json") if self.info.is_main else None,
+            )
+            results.append(result)
+            values = {"ppl": result.ppl, "nll": result.nll, "scored_tokens": result.scored_tokens}
+            if result.bpc is not None:
+                values["bpc"] = result.bpc
+            writer.log(step, values, kind=f"eval_{name}")
+            writer.message(f"eval step {step} [{name}]: ppl {result.ppl:.3f} over {result.scored_tokens} tokens")
+        self.engine.train()
+        return results
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, step: int) -> Path:
+        shard = make_shard(self.stream_ids, self.memories, self.streams.state_dict(), step, self.micro)
+        meta = {"fingerprint": fingerprint(self.cfg), "config": to_dict(self.cfg), "versions": _versions(),
+                "engine": self.cfg.engine, "precision": self.precision,
+                "zero_stage": getattr(self.engine, "zero_stage", None), "lora": self.lora}
+        return save_checkpoint(
+            self.run_dir / "checkpoints", step, self.engine, shard, rank=self.info.rank,
+            world_size=self.info.world_size, exclude_frozen=self.lora, meta=meta, keep_last=self.cfg.checkpoint.keep_last,
+        )
+
+
+def run(cfg: RunConfig, info: DistInfo) -> dict[str, Any]:
+    """Build, resume if asked, train, evaluate, checkpoint and export one run."""
+    warnings.filterwarnings("ignore", message=".*torch.utils._pytree._register_pytree_node.*")
+    trainer = Trainer(cfg, info)
+    trainer.setup()
+    return trainer.train()

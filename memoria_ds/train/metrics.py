@@ -1,0 +1,77 @@
+"""Progress and metrics on rank 0: a tqdm bar, TensorBoard scalars, a JSONL file."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+
+class MetricsWriter:
+    """Writes one record per logging step to `<run_dir>/metrics.jsonl` (appending on resume),
+    the same scalars to TensorBoard (`<run_dir>/tb`), and keeps a tqdm bar. Ranks other than
+    0 get a writer that does nothing."""
+
+    def __init__(self, run_dir: Path, *, enabled: bool, total_steps: int, initial_step: int,
+                 tensorboard: bool, progress: bool) -> None:
+        self.enabled = enabled
+        self._tb = None
+        self._bar = None
+        self._file = None
+        if not enabled:
+            return
+        self._file = open(Path(run_dir) / "metrics.jsonl", "a", buffering=1)
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(run_dir) / "tb"))
+        if progress:
+            self._bar = tqdm(total=total_steps, initial=initial_step, desc="train", dynamic_ncols=True, mininterval=1.0)
+        self._t0 = time.time()
+
+    def log(self, step: int, values: dict[str, Any], kind: str = "train") -> None:
+        if not self.enabled:
+            return
+        record = {"kind": kind, "step": step, "time": round(time.time() - self._t0, 3)}
+        record.update({k: _jsonable(v) for k, v in values.items()})
+        self._file.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for k, v in values.items():
+                if isinstance(v, (int, float)) and math.isfinite(float(v)):
+                    self._tb.add_scalar(f"{kind}/{k}" if "/" not in k else k, float(v), step)
+        if self._bar is not None and kind == "train":
+            shown = {k: values[k] for k in ("loss", "ppl", "tok/s", "lr") if k in values}
+            if "memory/ltm" in values:
+                shown["ltm"] = values["memory/ltm"]
+            self._bar.set_postfix({k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in shown.items()},
+                                  refresh=False)
+
+    def advance(self, n: int = 1) -> None:
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def message(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._file is not None:
+            self._file.close()
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v

@@ -1,0 +1,106 @@
+"""Deciding what to resume from, and carrying a checkpoint across a world-size change.
+
+Same world size: every rank loads the engine state and its own shard: the run continues
+exactly (losses and memory equal to an uninterrupted run).
+
+Different world size (2 -> 1, 1 -> 2, ...): DeepSpeed refuses to re-partition ZeRO
+optimizer state with plain `load_checkpoint` (DeepSpeed issues #2898, #3810). memoria_ds
+converts the engine folder to DeepSpeed's *universal checkpoint* once (rank 0 runs
+`deepspeed.checkpoint.ds_to_universal --inject_missing_state`, ~seconds, written next to
+the original as `engine_universal/`) and loads it with `checkpoint.load_universal`:
+weights, optimizer moments and the schedule carry over. Memory rows and data streams are
+re-sharded by global stream id (shards.py). RNG states cannot be mapped between different
+numbers of ranks: they are re-seeded from (seed, step, rank), and the run says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import distributed as dist_utils
+from .checkpoint import ENGINE_TAG, CheckpointError, CheckpointInfo, find_latest, list_checkpoints, validate
+from .config import RunConfig
+from .typed import to_dict
+
+UNIVERSAL_TAG = "engine_universal"
+
+
+def fingerprint(cfg: RunConfig) -> dict[str, str]:
+    """Hashes of what must match for a checkpoint to be resumed: the model and the data layout."""
+    model = to_dict(cfg.model) | {"lora": to_dict(cfg.lora)}
+    data = {k: v for k, v in to_dict(cfg.data).items() if k not in ("num_proc", "reset")}
+    data["train_batch_size"] = None  # checked by the stream state itself, with a clearer message
+    return {
+        "model": hashlib.sha256(json.dumps(model, sort_keys=True).encode()).hexdigest()[:16],
+        "data": hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16],
+    }
+
+
+def choose_checkpoint(cfg: RunConfig, log) -> CheckpointInfo | None:
+    """The checkpoint to resume from per `checkpoint.resume`, or None to start fresh.
+
+    Raises:
+        CheckpointError: a named checkpoint that is unusable, or a fresh start over a run
+            directory that already has checkpoints (it would be overwritten).
+    """
+    root = Path(cfg.run_dir) / "checkpoints"
+    want = cfg.checkpoint.resume
+    if want is None:
+        if any(p is None for _, p in list_checkpoints(root)):
+            raise CheckpointError(
+                f"{cfg.run_dir} already has checkpoints; resume with `checkpoint.resume=auto` (or --resume auto), "
+                f"or choose another run_dir"
+            )
+        return None
+    if want == "auto":
+        info, skipped = find_latest(root)
+        for note in skipped:
+            log(f"resume: skipping a newer unusable checkpoint: {note}")
+        return info
+    return validate(Path(want))
+
+
+def check_compatible(info: CheckpointInfo, cfg: RunConfig) -> None:
+    saved = info.manifest.get("meta", {}).get("fingerprint", {})
+    mine = fingerprint(cfg)
+    for key in ("model", "data"):
+        if saved.get(key) != mine[key]:
+            raise CheckpointError(
+                f"checkpoint {info.path} was made with a different `{key}` configuration "
+                f"(saved {saved.get(key)}, now {mine[key]}); resume with the run's own config "
+                f"({info.path.parent.parent / 'config.yaml'}) or start a new run_dir"
+            )
+
+
+def ensure_universal(info: CheckpointInfo, rank: int) -> str:
+    """Convert the engine folder to a universal checkpoint once (rank 0); return its tag."""
+    target = info.path / UNIVERSAL_TAG
+    if rank == 0 and not (target / ".complete").is_file():
+        tmp = info.path / f".{UNIVERSAL_TAG}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+               str(info.path / ENGINE_TAG), "--output_folder", str(tmp), "--inject_missing_state", "--num_workers", "1"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(
+                f"could not convert {info.path} to a universal checkpoint for a new world size:\n{done.stderr[-2000:]}"
+            )
+        (tmp / ".complete").write_text("ok\n")
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(tmp, target)
+        # DeepSpeed looks the tag up in `latest_universal` under the load dir
+    dist_utils.barrier()
+    return UNIVERSAL_TAG
+
+
+def describe_resume(info: CheckpointInfo, world_size: int) -> dict[str, Any]:
+    return {"from": str(info.path), "step": info.step, "saved_world_size": info.world_size,
+            "world_size": world_size, "resharded": info.world_size != world_size}

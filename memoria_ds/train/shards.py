@@ -1,0 +1,106 @@
+"""What each rank puts in its checkpoint shard, and how shards are read back on any world size.
+
+A rank's shard holds, for the token streams it owns (global stream ids, row order):
+the recurrent memory of each micro-batch slot (Memoria engrams and previous hidden states,
+Transformer-XL caches), the data streams' position, and its RNG states. Resuming on the
+same world size gives every rank its own shard back; on another world size every rank
+reads all shards (memory-mapped, so only the rows it needs are copied) and assembles the
+rows of its new streams by stream id.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..model import memory_from_state_dict
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def make_shard(stream_ids: list[int], memories: list[Any], streams_state: dict[str, Any], step: int,
+               micro_batch_size: int) -> dict[str, Any]:
+    """This rank's checkpoint shard (memories: one per micro-batch slot, None if never used)."""
+    return {
+        "stream_ids": list(stream_ids),
+        "micro_batch_size": micro_batch_size,
+        "memory": [None if m is None else m.state_dict() for m in memories],
+        "streams": streams_state,
+        "rng": rng_state(),
+        "step": step,
+    }
+
+
+def _row_index(shards: list[dict[str, Any]]) -> dict[int, tuple[int, int, int]]:
+    """stream id -> (shard, slot, row within slot)."""
+    index = {}
+    for s, shard in enumerate(shards):
+        mb = shard["micro_batch_size"]
+        for pos, sid in enumerate(shard["stream_ids"]):
+            index[int(sid)] = (s, pos // mb, pos % mb)
+    return index
+
+
+def restore_memories(
+    shards: list[dict[str, Any]], stream_ids: list[int], micro_batch_size: int, device: torch.device, memoria_config
+) -> list[Any]:
+    """Memory objects for this rank's micro-batch slots, assembled from the saved shards by stream id.
+
+    Args:
+        shards: every saved rank's shard (or just this rank's, when the layout is unchanged).
+        stream_ids: this rank's global stream ids, in row order.
+        micro_batch_size: rows per slot now.
+        memoria_config: the model's MemoriaConfig (checks engram states), or None.
+
+    Returns:
+        One memory per slot; None for a slot whose streams had no memory yet.
+
+    Raises:
+        ValueError: a stream of this rank is in no shard (the checkpoint has other streams).
+    """
+    index = _row_index(shards)
+    missing = [sid for sid in stream_ids if sid not in index]
+    if missing:
+        raise ValueError(
+            f"streams {missing[:8]} are in no shard of the checkpoint (it holds {len(index)} streams); "
+            f"resume with the same number of streams (train_batch_size)"
+        )
+    cache: dict[tuple[int, int], Any] = {}
+
+    def source(s: int, slot: int):
+        if (s, slot) not in cache:
+            sd = shards[s]["memory"][slot]
+            cache[(s, slot)] = None if sd is None else memory_from_state_dict(sd, config=memoria_config, device="cpu")
+        return cache[(s, slot)]
+
+    out = []
+    for lo in range(0, len(stream_ids), micro_batch_size):
+        rows = []
+        for sid in stream_ids[lo : lo + micro_batch_size]:
+            s, slot, row = index[sid]
+            mem = source(s, slot)
+            rows.append(None if mem is None else mem.take_rows([row]))
+        if any(r is None for r in rows):
+            if not all(r is None for r in rows):
+                warnings.warn("some streams of a micro-batch had no memory saved; the whole slot starts fresh")
+            out.append(None)
+            continue
+        out.append(type(rows[0]).cat(rows).to(device) if len(rows) > 1 else rows[0].to(device))
+    return out
