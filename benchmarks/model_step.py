@@ -26,6 +26,10 @@ CPU time, because on a machine shared with other jobs the wall clock of identica
 swings by several times (the minimum wall clock is printed beside it) -- and
 peak memory: CUDA `max_memory_allocated` during the timed steps, or on CPU the peak RSS
 of a separate process running `--rss-steps` steps of that variant alone.
+
+`--flops` counts the FLOPs of one forward + backward per variant instead (torch's
+FlopCounterMode, eager attention so that attention matmuls are counted): the compute
+ratio at GPU shapes, measurable without a GPU.
 """
 
 from __future__ import annotations
@@ -103,7 +107,9 @@ class Runner:
         self.memory = self.model.empty_memory(a.batch, a.device)
         prefill(self.model, self.memory, a.prefill)
         gen = torch.Generator().manual_seed(a.seed)
-        self.tokens = torch.randint(0, self.model.config.vocab_size, (a.batch, a.segment * 8), generator=gen).to(a.device)
+        self.tokens = torch.randint(0, self.model.config.vocab_size, (a.batch, a.segment * 8), generator=gen).to(
+            a.device
+        )
         self.t = 0
         self.times: list[float] = []  # wall clock
         self.cpu_times: list[float] = []  # CPU time of this process (all its threads)
@@ -111,7 +117,7 @@ class Runner:
     def step(self, timed: bool) -> None:
         a = self.a
         start = (self.t % 8) * a.segment
-        x = self.tokens[:, start:start + a.segment]
+        x = self.tokens[:, start : start + a.segment]
         self.t += 1
         sync()
         t0, c0 = time.perf_counter(), time.process_time()
@@ -123,6 +129,22 @@ class Runner:
             self.times.append(time.perf_counter() - t0)
             self.cpu_times.append(time.process_time() - c0)
         self.model.zero_grad(set_to_none=True)
+
+
+def flops_of(name: str, a: argparse.Namespace) -> float:
+    """FLOPs of one forward + backward (torch's FlopCounterMode; matmuls and attention).
+
+    Shapes are static (M_rem is padded to K_stm + K_ltm), so one step on a fresh memory
+    counts what every step costs; the memory engine's own work (sorting, gathers) is not
+    matmul work and is not counted.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    r = Runner(name, a)
+    r.step(timed=False)  # the first segment has no memory; count the second
+    with FlopCounterMode(display=False) as counter:
+        r.step(timed=False)
+    return float(counter.get_total_flops())
 
 
 def sync() -> None:
@@ -159,6 +181,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="CPU threads (torch.set_num_threads)")
     p.add_argument("--rss", action="store_true", help="also measure peak RSS per variant on CPU (subprocesses)")
     p.add_argument("--rss-steps", type=int, default=3)
+    p.add_argument("--flops", action="store_true", help="count FLOPs per variant instead of timing")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -170,6 +193,16 @@ def main() -> None:
     names = a.variants.split(",")
     if names[0] != "transformer":
         names = ["transformer"] + [n for n in names if n != "transformer"]
+    if a.flops:
+        a.attn = "eager"  # attention as matmuls, which the counter sees (SDPA kernels it may not)
+        counts = {n: flops_of(n, a) for n in names}
+        print(f"\nFLOPs of one forward + backward: shape={a.shape} batch={a.batch} segment={a.segment}")
+        for n in names:
+            print(f"{n:<20}{counts[n] / 1e12:>10.3f} TFLOP{counts[n] / counts[names[0]]:>8.3f}")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"args": vars(a), "flops": counts}, f, indent=2)
+        return
     runners = [Runner(n, a) for n in names]
     for r in runners:
         for _ in range(a.warmup):
@@ -192,16 +225,28 @@ def main() -> None:
     key = (lambda r: statistics.median(r.times)) if cuda else (lambda r: statistics.median(r.cpu_times))
     base, base_wall = key(runners[0]), min(runners[0].times)
     rows = []
-    print(f"\nshape={a.shape} device={a.device} dtype={a.dtype} attn={a.attn} batch={a.batch} segment={a.segment} "
-          f"threads={a.threads} rounds={a.rounds}")
+    print(
+        f"\nshape={a.shape} device={a.device} dtype={a.dtype} attn={a.attn} batch={a.batch} segment={a.segment} "
+        f"threads={a.threads} rounds={a.rounds}"
+    )
     head = "median wall (s)" if cuda else "median CPU (s)"
-    print(f"{'variant':<20}{'params (M)':>11}{head:>16}{'ratio':>8}{'min wall (s)':>14}{'ratio':>8}"
-          f"{'peak (MiB)':>12}{'ratio':>8}")
+    print(
+        f"{'variant':<20}{'params (M)':>11}{head:>16}{'ratio':>8}{'min wall (s)':>14}{'ratio':>8}"
+        f"{'peak (MiB)':>12}{'ratio':>8}"
+    )
     for r in runners:
         med, wall = key(r), min(r.times)
         n_params = sum(p.numel() for p in r.model.parameters()) / 1e6
-        row = dict(variant=r.name, params_m=n_params, step_s=med, ratio=med / base, min_wall_s=wall,
-                   wall_ratio=wall / base_wall, times=r.times, cpu_times=r.cpu_times)
+        row = dict(
+            variant=r.name,
+            params_m=n_params,
+            step_s=med,
+            ratio=med / base,
+            min_wall_s=wall,
+            wall_ratio=wall / base_wall,
+            times=r.times,
+            cpu_times=r.cpu_times,
+        )
         line = f"{r.name:<20}{n_params:>11.1f}{med:>16.4f}{med / base:>8.3f}{wall:>14.4f}{wall / base_wall:>8.3f}"
         if r.name in peak:
             row.update(peak_mb=peak[r.name], mem_ratio=peak[r.name] / peak[names[0]])

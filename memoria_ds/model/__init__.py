@@ -8,13 +8,25 @@
 See docs/model.md. Importing this package registers the model with the Auto classes.
 """
 
+from .build import build_model
 from .config import MEMORY_TYPES, PRESETS, MemoriaGPT2Config
+from .generation import MemoriaContext
 from .lora import apply_lora
-from .modeling import MemoriaCausalLMOutput, MemoriaContext, MemoriaGPT2LMHeadModel, build_model
+from .modeling import MemoriaCausalLMOutput, MemoriaGPT2LMHeadModel
 from .state import MemoriaMemory, NoMemory, RecurrentMemory, XLMemory, memory_from_state_dict
 
 __all__ = [
-    "MemoriaGPT2Config", "MemoriaGPT2LMHeadModel", "MemoriaCausalLMOutput", "MemoriaContext", "build_model",
-    "apply_lora", "PRESETS", "MEMORY_TYPES", "MemoriaMemory", "XLMemory", "NoMemory", "RecurrentMemory",
+    "MemoriaGPT2Config",
+    "MemoriaGPT2LMHeadModel",
+    "MemoriaCausalLMOutput",
+    "MemoriaContext",
+    "build_model",
+    "apply_lora",
+    "PRESETS",
+    "MEMORY_TYPES",
+    "MemoriaMemory",
+    "XLMemory",
+    "NoMemory",
+    "RecurrentMemory",
     "memory_from_state_dict",
 ]

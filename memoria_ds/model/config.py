@@ -44,7 +44,15 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 # Keys of a backbone config that describe a checkpoint, not the architecture.
-_NOT_ARCHITECTURE = {"model_type", "architectures", "transformers_version", "_name_or_path", "auto_map", "dtype", "torch_dtype"}
+_NOT_ARCHITECTURE = {
+    "model_type",
+    "architectures",
+    "transformers_version",
+    "_name_or_path",
+    "auto_map",
+    "dtype",
+    "torch_dtype",
+}
 
 
 @strict
@@ -105,7 +113,9 @@ class MemoriaGPT2Config(GPT2Config):
         if self.memory_type not in MEMORY_TYPES:
             raise ValueError(f"`memory_type` must be one of {MEMORY_TYPES}, got {self.memory_type!r}")
         if self.memory_attention_mode not in ATTENTION_MODES:
-            raise ValueError(f"`memory_attention_mode` must be one of {ATTENTION_MODES}, got {self.memory_attention_mode!r}")
+            raise ValueError(
+                f"`memory_attention_mode` must be one of {ATTENTION_MODES}, got {self.memory_attention_mode!r}"
+            )
         if self.memory_init not in INIT_MODES:
             raise ValueError(f"`memory_init` must be one of {INIT_MODES}, got {self.memory_init!r}")
         if self.abstractor_style not in ABSTRACTOR_STYLES:
@@ -204,8 +214,17 @@ def resolve_preset(preset: str | None, **settings: Any) -> dict[str, Any]:
 
 def _memory_fields() -> set[str]:
     return {
-        "memory_type", "memoria", "memory_layers", "memory_heads", "memory_inner_dim", "memory_inner_dim_ratio",
-        "memory_attention_mode", "memory_init", "abstractor_style", "xl_memory_length", "segment_length",
+        "memory_type",
+        "memoria",
+        "memory_layers",
+        "memory_heads",
+        "memory_inner_dim",
+        "memory_inner_dim_ratio",
+        "memory_attention_mode",
+        "memory_init",
+        "abstractor_style",
+        "xl_memory_length",
+        "segment_length",
     }
 
 

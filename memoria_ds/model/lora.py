@@ -41,8 +41,13 @@ def apply_lora(
         The `PeftModel`; `model(...)`, `generate()` and Contract 2 work through it.
     """
     config = LoraConfig(
-        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), fan_in_fan_out=True,
-        bias="none", **lora_kwargs,
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=list(target_modules),
+        fan_in_fan_out=True,
+        bias="none",
+        **lora_kwargs,
     )
     peft_model = get_peft_model(model, config)
     for module in model.memory_modules():

@@ -24,16 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GPT2Config, GPT2Model
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GPT2Model
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
-from transformers.generation import GenerationMixin
 from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_utils import slice_logits_to_keep
 from transformers.models.gpt2.modeling_gpt2 import GPT2PreTrainedModel
@@ -41,7 +39,8 @@ from transformers.utils import ModelOutput
 
 from ..memory import MemoryStats, memorize, remind
 from .abstractor import Abstractor
-from .config import MemoriaGPT2Config, resolve_preset
+from .config import MemoriaGPT2Config
+from .generation import MemoriaContext, MemoryGenerationMixin
 from .layer import BlockInputs, MemoryBlock
 from .memory_attention import MemoryInputs, OutputProjection
 from .state import MemoriaMemory, NoMemory, RecurrentMemory, XLMemory
@@ -69,30 +68,7 @@ class MemoriaCausalLMOutput(ModelOutput):
     past_key_values: Cache | None = None
 
 
-@dataclass
-class MemoriaContext:
-    """A frozen read of the memory for decoding: what the current segment attends to.
-
-    Attributes: `wm` (B, N, D), `wm_active` (B,), `reminded` (B, R, D), `reminded_mask`
-    (B, R), `reminded_active` (B,), in the compute dtype (masks bool).
-    """
-
-    wm: Tensor
-    wm_active: Tensor
-    reminded: Tensor
-    reminded_mask: Tensor
-    reminded_active: Tensor
-
-    @property
-    def batch_size(self) -> int:
-        return self.wm.shape[0]
-
-    def take_rows(self, rows: Tensor | list[int]) -> MemoriaContext:
-        idx = torch.as_tensor(rows, dtype=torch.long, device=self.wm.device)
-        return MemoriaContext(*(t.index_select(0, idx) for t in dataclasses.astuple(self)))
-
-
-class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, GenerationMixin):
+class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
     """GPT-2 LM with a memory: `none` (plain), `xl` (Transformer-XL) or `memoria`.
 
     Weight names of the backbone are HF's (`transformer.*`, `lm_head.weight`), so any GPT-2
@@ -174,19 +150,29 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, GenerationMixin):
         if cfg.memory_type == "memoria":
             return MemoriaMemory.empty(cfg.memoria_config, batch_size, cfg.n_embd, device=device)
         if cfg.memory_type == "xl":
-            return XLMemory.empty(batch_size, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, 0, device=device, dtype=self.dtype)
+            return XLMemory.empty(
+                batch_size, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, 0, device=device, dtype=self.dtype
+            )
         return NoMemory.empty(batch_size)
 
-    def _prepare_memory(self, memory: RecurrentMemory | None, batch_size: int, device: torch.device, reset: Tensor | None):
+    def _prepare_memory(
+        self, memory: RecurrentMemory | None, batch_size: int, device: torch.device, reset: Tensor | None
+    ):
         expected = {"memoria": MemoriaMemory, "xl": XLMemory, "none": NoMemory}[self.config.memory_type]
         if memory is None:
             return self.empty_memory(batch_size, device)
         if not isinstance(memory, expected):
-            raise TypeError(f"a `{self.config.memory_type}` model takes a {expected.__name__}, got {type(memory).__name__}")
+            raise TypeError(
+                f"a `{self.config.memory_type}` model takes a {expected.__name__}, got {type(memory).__name__}"
+            )
         if memory.batch_size != batch_size:
-            raise ValueError(f"memory holds {memory.batch_size} rows but the batch has {batch_size}; use take_rows/put_rows")
+            raise ValueError(
+                f"memory holds {memory.batch_size} rows but the batch has {batch_size}; use take_rows/put_rows"
+            )
         if not isinstance(memory, NoMemory) and memory.device != device:
-            raise ValueError(f"memory is on {memory.device} but the inputs are on {device}; call memory.to({str(device)!r})")
+            raise ValueError(
+                f"memory is on {memory.device} but the inputs are on {device}; call memory.to({str(device)!r})"
+            )
         if isinstance(memory, MemoriaMemory):
             memory.state.check(self.config.memoria_config)
         if reset is not None:
@@ -203,20 +189,6 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, GenerationMixin):
         mask = retrieval.reminded_mask & active[:, None]  # (B, R)
         ctx = MemoriaContext(wm, active, retrieval.reminded.to(dtype), mask, mask.any(dim=1))
         return ctx, retrieval
-
-    @torch.no_grad()
-    def memory_context(self, memory: RecurrentMemory | None, batch_size: int, device: torch.device | str | None = None):
-        """What a segment decoded after `memory` attends to, without changing `memory`.
-
-        Returns a `MemoriaContext` (the working memory from the last segment and the
-        engrams it reminds, read from a copy of the state), the `XLMemory` itself, or None.
-        """
-        device = torch.device(device) if device is not None else self.transformer.wte.weight.device
-        memory = self._prepare_memory(memory, batch_size, device, None)
-        if isinstance(memory, MemoriaMemory):
-            probe = MemoriaMemory(memory.prev_hidden, memory.prev_mask, memory.state.clone())
-            return self._read_memory(probe, self.dtype)[0]
-        return memory if isinstance(memory, XLMemory) else None
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -268,7 +240,9 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, GenerationMixin):
         if kwargs:
             raise TypeError(f"unexpected argument(s) {sorted(kwargs)}")
         if inputs_embeds is not None or output_attentions or output_hidden_states:
-            raise ValueError("pass `input_ids`; inputs_embeds / output_attentions / output_hidden_states are not supported")
+            raise ValueError(
+                "pass `input_ids`; inputs_embeds / output_attentions / output_hidden_states are not supported"
+            )
         if labels is not None and shift_labels is not None:
             raise ValueError("pass `labels` (shifted inside) or `shift_labels` (already aligned), not both")
         cfg = self.config
@@ -310,7 +284,10 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, GenerationMixin):
         mem_inputs = None
         if ctx is not None:
             mem_inputs = MemoryInputs(
-                ctx.wm_active, ctx.reminded_mask, ctx.reminded_active, query_mask,
+                ctx.wm_active,
+                ctx.reminded_mask,
+                ctx.reminded_active,
+                query_mask,
                 use_sdpa=cfg._attn_implementation == "sdpa",
             )
         inputs = BlockInputs(
@@ -353,13 +330,23 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, GenerationMixin):
             elif cfg.memory_type == "xl":
                 self._write_xl(xl, new_keys, new_values, valid)
         return MemoriaCausalLMOutput(
-            loss=loss, logits=logits, memory=None if decoding else memory, memory_stats=stats,
+            loss=loss,
+            logits=logits,
+            memory=None if decoding else memory,
+            memory_stats=stats,
             past_key_values=past_key_values if decoding or use_cache else None,
         )
 
     # ------------------------------------------------------------------ memory writes
-    def _write_memoria(self, memory: MemoriaMemory, ctx: MemoriaContext, retrieval, weights: list[Tensor],
-                       hidden: Tensor, valid: Tensor) -> MemoryStats:
+    def _write_memoria(
+        self,
+        memory: MemoriaMemory,
+        ctx: MemoriaContext,
+        retrieval,
+        weights: list[Tensor],
+        hidden: Tensor,
+        valid: Tensor,
+    ) -> MemoryStats:
         """Steps 5-6: memorize with the mean contribution over blocks; keep h_t."""
         mcfg = self.config.memoria_config
         if weights:
@@ -383,76 +370,6 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, GenerationMixin):
         xl.values = torch.stack(rolled_v, dim=1)
         xl.mask = rolled_k[0][1]
 
-    # ------------------------------------------------------------------ generation
-    @torch.no_grad()
-    def generate(
-        self,
-        input_ids: Tensor,
-        memory: RecurrentMemory | None = None,
-        segment_length: int | None = None,
-        attention_mask: Tensor | None = None,
-        **kwargs: Any,
-    ):
-        """HF `generate()` with memory: the prompt goes through memory segment by segment.
-
-        The prompt is cut into segments of `segment_length` (default
-        `config.segment_length`; a prompt that fits in `n_positions` may omit it). All
-        complete segments but the last are fed through `forward` as memory steps
-        (updating `memory` in place); the rest of the prompt starts the current segment,
-        and decoding continues in it with a frozen read of the memory (the generated
-        segment is not memorized). `len(rest) + max_new_tokens` must fit in `n_positions`.
-
-        Args:
-            input_ids: (B, T) prompt.
-            memory: memory to continue from (None = fresh).
-            segment_length: segment length for the prompt.
-            attention_mask: (B, T), optional.
-            **kwargs: anything HF's `generate()` takes (max_new_tokens, do_sample, ...).
-
-        Returns:
-            What HF's `generate()` returns, with the whole prompt in front of the sequences.
-        """
-        B, T = input_ids.shape
-        S = segment_length or self.config.segment_length
-        if S is None:
-            if T > self.config.n_positions:
-                raise ValueError(
-                    f"a prompt of {T} tokens exceeds n_positions={self.config.n_positions}: pass `segment_length` "
-                    f"(or set config.segment_length) to feed it through memory segment by segment"
-                )
-            S = T
-        n_full = (T - 1) // S  # complete segments before the one decoding continues
-        if self.config.memory_type == "none":
-            memory = None  # the prefix has no effect on the plain backbone: skip computing it
-        else:
-            for t in range(n_full):
-                seg_mask = attention_mask[:, t * S:(t + 1) * S] if attention_mask is not None else None
-                memory = self(input_ids[:, t * S:(t + 1) * S], memory=memory, attention_mask=seg_mask).memory
-        start = n_full * S
-        context = self.memory_context(memory, B, input_ids.device)
-        tail_mask = attention_mask[:, start:] if attention_mask is not None else None
-        out = super().generate(input_ids[:, start:], attention_mask=tail_mask, memory_context=context, **kwargs)
-        sequences = out if isinstance(out, Tensor) else out.sequences
-        prefix = input_ids[:, :start].repeat_interleave(sequences.shape[0] // B, dim=0)
-        sequences = torch.cat([prefix, sequences], dim=1)
-        if isinstance(out, Tensor):
-            return sequences
-        out.sequences = sequences
-        return out
-
-    def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False,
-                                      input_ids: Tensor | None = None, **model_kwargs: Any):
-        """HF expands tensors for beams / several return sequences; expand the memory read too."""
-        context = model_kwargs.pop("memory_context", None)
-        input_ids, model_kwargs = super()._expand_inputs_for_generation(
-            expand_size, is_encoder_decoder, input_ids, **model_kwargs
-        )
-        if context is not None and expand_size > 1:
-            rows = torch.arange(context.batch_size).repeat_interleave(expand_size)
-            context = context.take_rows(rows)
-        model_kwargs["memory_context"] = context
-        return input_ids, model_kwargs
-
 
 def _gate_stats(stats: MemoryStats, active: Tensor, capacity: int) -> MemoryStats:
     """Rows that had no previous segment took no memory step: report an empty memory."""
@@ -472,48 +389,8 @@ def _gate_stats(stats: MemoryStats, active: Tensor, capacity: int) -> MemoryStat
     )
 
 
-# --------------------------------------------------------------------------- building
-def build_model(
-    backbone: str | os.PathLike | GPT2Config,
-    preset: str | None = None,
-    *,
-    dtype: torch.dtype | None = None,
-    attn_implementation: str = "sdpa",
-    **settings: Any,
-) -> MemoriaGPT2LMHeadModel:
-    """A Memoria GPT-2 (or baseline) around any GPT-2 backbone.
-
-    Args:
-        backbone: a hub name (`"gpt2"`, `"gpt2-medium"`, `"gpt2-large"`, `"gpt2-xl"`) or a
-            local directory of a GPT-2 checkpoint: its weights are loaded and the memory
-            modules initialised (an exact no-op with the default `memory_init="noop"`). A
-            directory saved from this class loads as it was (settings override its config).
-            A `GPT2Config`: a from-scratch model with random weights.
-        preset: a name from `config.PRESETS` (`"transformer"`, `"xl"`, `"memoria_wm"`,
-            `"memoria_wm_stm"`, `"memoria"`, `"memoria_fast"`).
-        dtype: parameter dtype (e.g. `torch.bfloat16`); the memory state stays fp32.
-        attn_implementation: `"sdpa"` (default) or `"eager"`.
-        **settings: `MemoriaGPT2Config` fields (e.g. `memoria={"num_wm": 16}`,
-            `memory_layers=[0, 6]`, `xl_memory_length=150`).
-
-    Returns:
-        The model (in train mode only if you call `.train()`; HF loads in eval mode).
-    """
-    if isinstance(backbone, GPT2Config):
-        config = MemoriaGPT2Config.from_backbone(backbone, preset, attn_implementation=attn_implementation, **settings)
-        model = MemoriaGPT2LMHeadModel(config)
-        return model.to(dtype) if dtype is not None else model
-    saved = AutoConfig.from_pretrained(backbone)
-    if isinstance(saved, MemoriaGPT2Config):
-        return MemoriaGPT2LMHeadModel.from_pretrained(
-            backbone, dtype=dtype, attn_implementation=attn_implementation, **resolve_preset(preset, **settings)
-        )
-    config = MemoriaGPT2Config.from_backbone(saved, preset, **settings)
-    return MemoriaGPT2LMHeadModel.from_pretrained(backbone, config=config, dtype=dtype, attn_implementation=attn_implementation)
-
-
 AutoConfig.register(MemoriaGPT2Config.model_type, MemoriaGPT2Config, exist_ok=True)
 AutoModel.register(MemoriaGPT2Config, MemoriaGPT2LMHeadModel, exist_ok=True)
 AutoModelForCausalLM.register(MemoriaGPT2Config, MemoriaGPT2LMHeadModel, exist_ok=True)
 
-__all__ = ["MemoriaGPT2LMHeadModel", "MemoriaCausalLMOutput", "MemoriaContext", "build_model"]
+__all__ = ["MemoriaGPT2LMHeadModel", "MemoriaCausalLMOutput"]

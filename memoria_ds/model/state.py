@@ -115,8 +115,14 @@ class XLMemory:
 
     @classmethod
     def empty(
-        cls, batch_size: int, num_layers: int, num_heads: int, head_dim: int, length: int = 0,
-        device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
+        cls,
+        batch_size: int,
+        num_layers: int,
+        num_heads: int,
+        head_dim: int,
+        length: int = 0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
     ) -> XLMemory:
         shape = (batch_size, num_layers, num_heads, length, head_dim)
         return cls(
@@ -151,7 +157,11 @@ class XLMemory:
     def from_state_dict(cls, state_dict: dict[str, Any], device: torch.device | str | None = None) -> XLMemory:
         _check_format(state_dict, "xl")
         out = cls(state_dict["keys"], state_dict["values"], state_dict["mask"])
-        if out.keys.shape != out.values.shape or out.keys.shape[0] != out.mask.shape[0] or out.keys.shape[3] != out.mask.shape[1]:
+        if (
+            out.keys.shape != out.values.shape
+            or out.keys.shape[0] != out.mask.shape[0]
+            or out.keys.shape[3] != out.mask.shape[1]
+        ):
             raise ValueError(
                 f"inconsistent xl memory: keys {tuple(out.keys.shape)}, values {tuple(out.values.shape)}, "
                 f"mask {tuple(out.mask.shape)}"
@@ -160,7 +170,9 @@ class XLMemory:
 
     def take_rows(self, rows: Tensor | list[int]) -> XLMemory:
         idx = _rows(rows, self.device)
-        return XLMemory(self.keys.index_select(0, idx), self.values.index_select(0, idx), self.mask.index_select(0, idx))
+        return XLMemory(
+            self.keys.index_select(0, idx), self.values.index_select(0, idx), self.mask.index_select(0, idx)
+        )
 
     def put_rows(self, rows: Tensor | list[int], other: XLMemory) -> None:
         """Overwrite `rows` with `other`'s rows in place (shorter memories are padded at the old end)."""
@@ -173,7 +185,9 @@ class XLMemory:
         if self.length < length:
             self.keys, self.values = (_pad_length(t, length, 3, left=True) for t in (self.keys, self.values))
             self.mask = _pad_length(self.mask, length, 1, left=True)
-        keys, values = (_pad_length(t, length, 3, left=True).to(self.device, self.keys.dtype) for t in (other.keys, other.values))
+        keys, values = (
+            _pad_length(t, length, 3, left=True).to(self.device, self.keys.dtype) for t in (other.keys, other.values)
+        )
         self.keys.index_copy_(0, idx, keys)
         self.values.index_copy_(0, idx, values)
         self.mask.index_copy_(0, idx, _pad_length(other.mask, length, 1, left=True).to(self.device))
@@ -246,7 +260,10 @@ class MemoriaMemory:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "kind": "memoria", "format": FORMAT, "prev_hidden": self.prev_hidden, "prev_mask": self.prev_mask,
+            "kind": "memoria",
+            "format": FORMAT,
+            "prev_hidden": self.prev_hidden,
+            "prev_mask": self.prev_mask,
             "state": self.state.state_dict(),
         }
 
@@ -269,7 +286,9 @@ class MemoriaMemory:
 
     def take_rows(self, rows: Tensor | list[int]) -> MemoriaMemory:
         idx = _rows(rows, self.device)
-        return MemoriaMemory(self.prev_hidden.index_select(0, idx), self.prev_mask.index_select(0, idx), self.state.take_rows(idx))
+        return MemoriaMemory(
+            self.prev_hidden.index_select(0, idx), self.prev_mask.index_select(0, idx), self.state.take_rows(idx)
+        )
 
     def put_rows(self, rows: Tensor | list[int], other: MemoriaMemory) -> None:
         """Overwrite `rows` with `other`'s rows in place (previous segments of other lengths are padded)."""

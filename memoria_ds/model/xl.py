@@ -44,7 +44,9 @@ class ExtendedKeyValues:
         self.cache = cache
         self.current: tuple[Tensor, Tensor] | None = None
 
-    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
+    def update(
+        self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs
+    ) -> tuple[Tensor, Tensor]:
         """Called by `GPT2Attention` with this segment's keys/values (B, H, Q, hd)."""
         self.current = (key_states, value_states)  # the next memory is built from these
         if self.cache is not None:

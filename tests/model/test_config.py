@@ -2,12 +2,11 @@
 
 import pytest
 import torch
+from model_helpers import SMALL_MEMORIA, segments
 from transformers import GPT2Config
 
 from memoria_ds.memory import MemoriaConfig
 from memoria_ds.model import PRESETS, MemoriaGPT2Config
-
-from model_helpers import SMALL_MEMORIA, segments
 
 
 def test_resolved_memoria_settings_are_explicit(backbone_config):
@@ -28,8 +27,13 @@ def test_round_trip_through_dict(backbone_config):
 
 @pytest.mark.parametrize(
     "preset,memory_type,use_stm,use_ltm",
-    [("transformer", "none", True, True), ("xl", "xl", True, True), ("memoria_wm", "memoria", False, False),
-     ("memoria_wm_stm", "memoria", True, False), ("memoria", "memoria", True, True)],
+    [
+        ("transformer", "none", True, True),
+        ("xl", "xl", True, True),
+        ("memoria_wm", "memoria", False, False),
+        ("memoria_wm_stm", "memoria", True, False),
+        ("memoria", "memoria", True, True),
+    ],
 )
 def test_presets(backbone_config, preset, memory_type, use_stm, use_ltm):
     cfg = MemoriaGPT2Config.from_backbone(backbone_config, preset)

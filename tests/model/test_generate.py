@@ -17,7 +17,7 @@ def _greedy_reference(model, prompt, new_tokens):
     with torch.no_grad():
         _, memory = run_stream(model, list(prompt[:, : n_full * S].split(S, dim=1)))
         context = model.memory_context(memory, prompt.shape[0])
-        seq = prompt[:, n_full * S:]
+        seq = prompt[:, n_full * S :]
         for _ in range(new_tokens):
             logits = model(seq, memory_context=context).logits[:, -1]
             seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], dim=1)

@@ -42,8 +42,9 @@ def _attend_slow(m, x, keys, allowed):
     k, v = kv[:, :D].reshape(-1, H, hd), kv[:, D:].reshape(-1, H, hd)
     out, probs = torch.zeros(H, hd), torch.zeros(H, keys.shape[0])
     for h in range(H):
-        scores = torch.tensor([float(q[h] @ k[j, h]) / math.sqrt(hd) if allowed[j] else -math.inf
-                               for j in range(keys.shape[0])])
+        scores = torch.tensor(
+            [float(q[h] @ k[j, h]) / math.sqrt(hd) if allowed[j] else -math.inf for j in range(keys.shape[0])]
+        )
         p = torch.softmax(scores, 0)
         probs[h] = p
         out[h] = sum(p[j] * v[j, h] for j in range(keys.shape[0]) if allowed[j])

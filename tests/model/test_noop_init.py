@@ -10,9 +10,11 @@ from memoria_ds.model import build_model
 
 def backbone_of(model) -> GPT2LMHeadModel:
     """A plain HF GPT-2 holding exactly the model's backbone weights."""
-    ref = GPT2LMHeadModel(model.config.__class__.__bases__[0](**{
-        k: v for k, v in model.config.to_dict().items() if k in GPT2LMHeadModel.config_class().to_dict()
-    }))
+    ref = GPT2LMHeadModel(
+        model.config.__class__.__bases__[0](
+            **{k: v for k, v in model.config.to_dict().items() if k in GPT2LMHeadModel.config_class().to_dict()}
+        )
+    )
     missing, unexpected = ref.load_state_dict(
         {k: v for k, v in model.state_dict().items() if k.startswith(("transformer.", "lm_head."))}, strict=False
     )
@@ -70,8 +72,9 @@ def test_built_from_a_local_gpt2_checkpoint_starts_as_it(backbone_config, tmp_pa
     """The hub path (`build_model("gpt2")`), exercised with a local directory."""
     gpt2 = GPT2LMHeadModel(backbone_config).eval()
     gpt2.save_pretrained(tmp_path)
-    model = build_model(str(tmp_path), "memoria", memoria={"num_wm": 4, "num_stm_reminded": 3, "num_ltm_reminded": 3,
-                                                             "stm_capacity": 8}).eval()
+    model = build_model(
+        str(tmp_path), "memoria", memoria={"num_wm": 4, "num_stm_reminded": 3, "num_ltm_reminded": 3, "stm_capacity": 8}
+    ).eval()
     segs = segments(count=4)
     with torch.no_grad():
         outs, _ = run_stream(model, segs)

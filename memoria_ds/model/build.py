@@ -1,0 +1,57 @@
+"""Build a Memoria GPT-2 (or a baseline) from a hub name, a local directory or a config."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config
+
+from .config import MemoriaGPT2Config, resolve_preset
+from .modeling import MemoriaGPT2LMHeadModel
+
+
+def build_model(
+    backbone: str | os.PathLike | GPT2Config,
+    preset: str | None = None,
+    *,
+    dtype: torch.dtype | None = None,
+    attn_implementation: str = "sdpa",
+    **settings: Any,
+) -> MemoriaGPT2LMHeadModel:
+    """A Memoria GPT-2 (or baseline) around any GPT-2 backbone.
+
+    Args:
+        backbone: a hub name (`"gpt2"`, `"gpt2-medium"`, `"gpt2-large"`, `"gpt2-xl"`) or a
+            local directory of a GPT-2 checkpoint: its weights are loaded and the memory
+            modules initialised (an exact no-op with the default `memory_init="noop"`). A
+            directory saved from this class loads as it was (settings override its config).
+            A `GPT2Config`: a from-scratch model with random weights.
+        preset: a name from `config.PRESETS` (`"transformer"`, `"xl"`, `"memoria_wm"`,
+            `"memoria_wm_stm"`, `"memoria"`, `"memoria_fast"`).
+        dtype: parameter dtype (e.g. `torch.bfloat16`); the memory state stays fp32.
+        attn_implementation: `"sdpa"` (default) or `"eager"`.
+        **settings: `MemoriaGPT2Config` fields (e.g. `memoria={"num_wm": 16}`,
+            `memory_layers=[0, 6]`, `xl_memory_length=150`).
+
+    Returns:
+        The model (in train mode only if you call `.train()`; HF loads in eval mode).
+    """
+    if isinstance(backbone, GPT2Config):
+        config = MemoriaGPT2Config.from_backbone(backbone, preset, attn_implementation=attn_implementation, **settings)
+        # from_config, not the constructor: under ZeRO-3 (an `HfDeepSpeedConfig` alive) HF then
+        # partitions the weights while building and initialises them gathered
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+    saved = AutoConfig.from_pretrained(backbone)
+    if isinstance(saved, MemoriaGPT2Config):
+        return MemoriaGPT2LMHeadModel.from_pretrained(
+            backbone, dtype=dtype, attn_implementation=attn_implementation, **resolve_preset(preset, **settings)
+        )
+    config = MemoriaGPT2Config.from_backbone(saved, preset, **settings)
+    return MemoriaGPT2LMHeadModel.from_pretrained(
+        backbone, config=config, dtype=dtype, attn_implementation=attn_implementation
+    )
+
+
+__all__ = ["build_model"]

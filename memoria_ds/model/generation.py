@@ -1,0 +1,143 @@
+"""generate() with memory: the prompt goes through memory segment by segment, then decoding.
+
+A prompt of T tokens is cut into segments of S. The complete segments but the last are
+fed through `forward` as memory steps (updating the memory in place). The rest of the
+prompt starts the current segment, and HF's `generate()` decodes in it with its usual
+decode cache, attending to a *frozen read* of the memory (`memory_context`): Memoria's
+working memory from the last fed segment and the engrams it reminds (read from a copy of
+the engine state, so the memory itself is untouched), or Transformer-XL's cached
+keys/values. The generated segment is not memorized; `len(rest) + max_new_tokens` must
+fit in GPT-2's `n_positions`.
+
+Notation: B rows, N working-memory engrams, R reminded slots, D width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers.generation import GenerationMixin
+
+from .state import MemoriaMemory, RecurrentMemory, XLMemory
+
+
+@dataclass
+class MemoriaContext:
+    """A frozen read of the memory for decoding: what the current segment attends to.
+
+    Attributes: `wm` (B, N, D), `wm_active` (B,), `reminded` (B, R, D), `reminded_mask`
+    (B, R), `reminded_active` (B,), in the compute dtype (masks bool).
+    """
+
+    wm: Tensor
+    wm_active: Tensor
+    reminded: Tensor
+    reminded_mask: Tensor
+    reminded_active: Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.wm.shape[0]
+
+    def take_rows(self, rows: Tensor | list[int]) -> MemoriaContext:
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.wm.device)
+        return MemoriaContext(*(t.index_select(0, idx) for t in dataclasses.astuple(self)))
+
+
+class MemoryGenerationMixin(GenerationMixin):
+    """HF's `GenerationMixin` plus the memory: mixed into `MemoriaGPT2LMHeadModel`."""
+
+    @torch.no_grad()
+    def memory_context(self, memory: RecurrentMemory | None, batch_size: int, device: torch.device | str | None = None):
+        """What a segment decoded after `memory` attends to, without changing `memory`.
+
+        Returns a `MemoriaContext` (the working memory from the last segment and the
+        engrams it reminds, read from a copy of the state), the `XLMemory` itself, or None.
+        """
+        device = torch.device(device) if device is not None else self.transformer.wte.weight.device
+        memory = self._prepare_memory(memory, batch_size, device, None)
+        if isinstance(memory, MemoriaMemory):
+            probe = MemoriaMemory(memory.prev_hidden, memory.prev_mask, memory.state.clone())
+            return self._read_memory(probe, self.dtype)[0]
+        return memory if isinstance(memory, XLMemory) else None
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: Tensor,
+        memory: RecurrentMemory | None = None,
+        segment_length: int | None = None,
+        attention_mask: Tensor | None = None,
+        **kwargs: Any,
+    ):
+        """HF `generate()` with memory: the prompt goes through memory segment by segment.
+
+        The prompt is cut into segments of `segment_length` (default
+        `config.segment_length`; a prompt that fits in `n_positions` may omit it). All
+        complete segments but the last are fed through `forward` as memory steps
+        (updating `memory` in place); the rest of the prompt starts the current segment,
+        and decoding continues in it with a frozen read of the memory (the generated
+        segment is not memorized). `len(rest) + max_new_tokens` must fit in `n_positions`.
+
+        Args:
+            input_ids: (B, T) prompt.
+            memory: memory to continue from (None = fresh).
+            segment_length: segment length for the prompt.
+            attention_mask: (B, T), optional.
+            **kwargs: anything HF's `generate()` takes (max_new_tokens, do_sample, ...).
+
+        Returns:
+            What HF's `generate()` returns, with the whole prompt in front of the sequences.
+        """
+        B, T = input_ids.shape
+        S = segment_length or self.config.segment_length
+        if S is None:
+            if T > self.config.n_positions:
+                raise ValueError(
+                    f"a prompt of {T} tokens exceeds n_positions={self.config.n_positions}: pass `segment_length` "
+                    f"(or set config.segment_length) to feed it through memory segment by segment"
+                )
+            S = T
+        n_full = (T - 1) // S  # complete segments before the one decoding continues
+        if self.config.memory_type == "none":
+            memory = None  # the prefix has no effect on the plain backbone: skip computing it
+        else:
+            for t in range(n_full):
+                seg_mask = attention_mask[:, t * S : (t + 1) * S] if attention_mask is not None else None
+                memory = self(input_ids[:, t * S : (t + 1) * S], memory=memory, attention_mask=seg_mask).memory
+        start = n_full * S
+        context = self.memory_context(memory, B, input_ids.device)
+        tail_mask = attention_mask[:, start:] if attention_mask is not None else None
+        out = super().generate(input_ids[:, start:], attention_mask=tail_mask, memory_context=context, **kwargs)
+        sequences = out if isinstance(out, Tensor) else out.sequences
+        prefix = input_ids[:, :start].repeat_interleave(sequences.shape[0] // B, dim=0)
+        sequences = torch.cat([prefix, sequences], dim=1)
+        if isinstance(out, Tensor):
+            return sequences
+        out.sequences = sequences
+        return out
+
+    def _expand_inputs_for_generation(
+        self,
+        expand_size: int = 1,
+        is_encoder_decoder: bool = False,
+        input_ids: Tensor | None = None,
+        **model_kwargs: Any,
+    ):
+        """HF expands tensors for beams / several return sequences; expand the memory read too."""
+        context = model_kwargs.pop("memory_context", None)
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(
+            expand_size, is_encoder_decoder, input_ids, **model_kwargs
+        )
+        if context is not None and expand_size > 1:
+            rows = torch.arange(context.batch_size).repeat_interleave(expand_size)
+            context = context.take_rows(rows)
+        model_kwargs["memory_context"] = context
+        return input_ids, model_kwargs
+
+
+__all__ = ["MemoriaContext", "MemoryGenerationMixin"]
