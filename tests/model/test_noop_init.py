@@ -3,18 +3,19 @@
 import pytest
 import torch
 from model_helpers import run_stream, segments
-from transformers import GPT2LMHeadModel, GPT2Model
+from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
 
 from memoria_ds.model import build_model
 
 
 def backbone_of(model) -> GPT2LMHeadModel:
-    """A plain HF GPT-2 holding exactly the model's backbone weights."""
-    ref = GPT2LMHeadModel(
-        model.config.__class__.__bases__[0](
-            **{k: v for k, v in model.config.to_dict().items() if k in GPT2LMHeadModel.config_class().to_dict()}
-        )
+    """A plain HF GPT-2 with exactly the model's backbone weights and attention implementation."""
+    fields = GPT2Config().to_dict()
+    config = GPT2Config(
+        **{k: v for k, v in model.config.to_dict().items() if k in fields and k != "model_type"},
+        attn_implementation=model.config._attn_implementation,
     )
+    ref = GPT2LMHeadModel(config)
     missing, unexpected = ref.load_state_dict(
         {k: v for k, v in model.state_dict().items() if k.startswith(("transformer.", "lm_head."))}, strict=False
     )
@@ -28,10 +29,9 @@ def test_first_segment_is_the_backbone(make_model, preset, attn):
     """With any init, the first segment (no memory yet) is exactly the plain backbone."""
     model = make_model(preset, memory_init="random", attn_implementation=attn)
     ref = backbone_of(model)
-    ref.config._attn_implementation = attn
     x = segments(count=1)[0]
     with torch.no_grad():
-        torch.testing.assert_close(model(x).logits, ref(x).logits, rtol=0, atol=1e-6)
+        torch.testing.assert_close(model(x).logits, ref(x).logits, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("preset", ["memoria", "memoria_wm", "memoria_wm_stm", "memoria_fast"])
@@ -43,7 +43,7 @@ def test_noop_init_is_the_backbone_on_every_segment(make_model, preset, attn):
     with torch.no_grad():
         outs, memory = run_stream(model, segs)
         for x, out in zip(segs, outs):
-            torch.testing.assert_close(out.logits, ref(x).logits, rtol=0, atol=1e-6)
+            torch.testing.assert_close(out.logits, ref(x).logits, rtol=0, atol=0)
     assert int(memory.state.step.min()) == 5  # the memory did run: 5 steps after the first segment
     if model.config.memoria_config.use_stm:
         assert int(outs[-1].memory_stats.reminded_stm.max()) > 0  # and attended to reminded engrams
@@ -79,7 +79,7 @@ def test_built_from_a_local_gpt2_checkpoint_starts_as_it(backbone_config, tmp_pa
     with torch.no_grad():
         outs, _ = run_stream(model, segs)
         for x, out in zip(segs, outs):
-            torch.testing.assert_close(out.logits, gpt2(x).logits, rtol=0, atol=1e-6)
+            torch.testing.assert_close(out.logits, gpt2(x).logits, rtol=0, atol=0)
     assert model.config.memoria["num_wm"] == 4 and model.config.n_layer == backbone_config.n_layer
 
 
