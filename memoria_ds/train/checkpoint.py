@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from . import distributed as dist_utils
+from . import faults
 
 MANIFEST = "manifest.json"
 ENGINE_TAG = "engine"
@@ -132,6 +133,8 @@ def save_checkpoint(
     engine.save(staging, ENGINE_TAG, exclude_frozen=exclude_frozen)
     atomic_torch_save(dict(shard, format=FORMAT, rank=rank, world_size=world_size, step=step), staging / shard_name(rank))
     dist_utils.barrier()
+    if faults.active("kill_during_save", step):
+        faults.kill(f"while saving step {step}")
 
     if rank == 0:
         files = {}

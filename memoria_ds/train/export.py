@@ -16,6 +16,7 @@ backbone), the trained weights are loaded into it, and:
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -56,14 +57,61 @@ def _strip_lora(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _gathered(param, zero_stage: int | None):
+    """The full parameter on every rank for the duration (ZeRO-3 partitions it)."""
+    if zero_stage == 3:
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters([param], modifier_rank=None)
+    return contextlib.nullcontext()
+
+
+def verify_against_live(trainer: Trainer, state: dict[str, torch.Tensor] | None) -> int:
+    """Check that every trained tensor in `state` (rank 0's) equals the live parameter.
+
+    The live parameter is gathered (ZeRO-3) on every rank; rank 0 compares it with the
+    saved fp32 weight cast to the live dtype (bf16 training keeps fp32 masters). Every
+    rank calls this. Raises RuntimeError on an empty or different tensor.
+
+    Returns:
+        The number of tensors checked.
+    """
+    stage = getattr(trainer.engine, "zero_stage", None)
+    problems, checked = [], 0
+    for name, param in trainer.model.named_parameters():
+        if not param.requires_grad:
+            continue
+        with _gathered(param, stage):
+            if trainer.info.is_main:
+                live = param.detach().cpu()
+                saved = state.get(name)
+                if saved is None or saved.numel() == 0 or saved.shape != live.shape:
+                    problems.append(f"{name}: saved {None if saved is None else tuple(saved.shape)}, "
+                                    f"live {tuple(live.shape)}")
+                elif not torch.equal(saved.to(live.dtype), live):
+                    problems.append(f"{name}: values differ from the live parameter")
+                checked += 1
+    if problems:
+        raise RuntimeError("the checkpoint's trained weights do not match the live model:\n  " + "\n  ".join(problems[:10]))
+    return checked
+
+
 def export_hf(trainer: Trainer, ckpt_root: Path) -> Path | None:
-    """Write `<run_dir>/export` from the newest checkpoint (rank 0; every rank calls)."""
+    """Write `<run_dir>/export` from the newest checkpoint (rank 0; every rank calls).
+
+    Before writing, the checkpoint's trained weights are checked against the live
+    parameters (gathered under ZeRO-3): what is exported is what was trained.
+    """
     out_dir = Path(trainer.cfg.run_dir) / "export"
+    state = None
     if trainer.info.is_main:
         info, _ = find_latest(ckpt_root)
         if info is None:
             raise RuntimeError(f"nothing to export: no complete checkpoint in {ckpt_root}")
         state = consolidated_state_dict(info.path, trainer.cfg.engine)
+    checked = verify_against_live(trainer, state)
+    if trainer.info.is_main:
+        trainer.log(f"export: {checked} trained tensors in {info.path.name} equal the live parameters")
         vocab = trainer.corpora["train"].metadata.get("vocab_size")
         fresh = build_run_model(trainer.cfg, vocab).to("cpu")
         trainable = {n for n, p in fresh.named_parameters() if p.requires_grad}

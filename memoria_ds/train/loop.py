@@ -21,6 +21,7 @@ import torch
 from ..data import TokenStreams
 from ..eval import EvalResult, evaluate_lm, protocol_from_name
 from . import distributed as dist_utils
+from . import faults
 from .build import build_run_model, load_corpora, resolve_precision, unwrap
 from .checkpoint import CheckpointError, CheckpointInfo, load_all_shards, load_shard, save_checkpoint
 from .config import RunConfig
@@ -169,6 +170,8 @@ class Trainer:
                 out = self.engine(input_ids=batch.input_ids[rows], shift_labels=targets,
                                   memory=self.memories[j], reset=reset[rows])
                 loss = out.loss
+                if j == 0 and info.rank == 0 and faults.active("nan_loss", step + 1):
+                    loss = loss * float("nan")
                 bad = not bool(torch.isfinite(loss.detach()).item())
                 if dist_utils.any_true(bad, self.device):
                     if cfg.optim.nan_policy == "stop":
@@ -201,6 +204,8 @@ class Trainer:
                 self.evaluate(writer, done)
             if (cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or done == self.total_steps:
                 self.save(done)
+            if faults.active("kill_after_step", done):
+                faults.kill(f"after step {done}")
         results = self.evaluate(writer, self.total_steps) if cfg.eval.at_end else []
         export_dir = None
         if cfg.checkpoint.export:

@@ -86,7 +86,7 @@ def ensure_universal(info: CheckpointInfo, rank: int) -> str:
         tmp = info.path / f".{UNIVERSAL_TAG}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
-               str(info.path / ENGINE_TAG), "--output_folder", str(tmp), "--inject_missing_state", "--num_workers", "1"]
+               str(info.path / ENGINE_TAG), "--output_folder", str(tmp), "--inject_missing_state", "--num_extract_workers", "1", "--num_merge_workers", "1"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)

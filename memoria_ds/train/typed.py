@@ -83,6 +83,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"`{where}` must be an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads `3e-5` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"`{where}` must be a number, got {value!r}")
         return float(value)

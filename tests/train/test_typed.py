@@ -36,6 +36,11 @@ def test_file_then_overrides(tmp_path):
     assert cfg.flag is True and cfg.extra == {"x": 3} and cfg.tags == ["u", "v"] and cfg.inner.name is None
 
 
+def test_scientific_notation_without_a_dot_is_a_number():
+    # PyYAML (YAML 1.1) reads `3e-5` as a string; users write it that way on command lines
+    assert load(Outer, None, ["inner.lr=3e-5"]).inner.lr == 3e-5
+
+
 def test_int_widens_to_float_but_not_the_other_way():
     assert from_dict(Outer, {"inner": {"lr": 1}}).inner.lr == 1.0
     with pytest.raises(ConfigError, match=r"`inner.steps` must be an integer"):

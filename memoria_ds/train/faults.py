@@ -1,0 +1,28 @@
+"""Fault injection for tests of the failure paths (a process killed mid-save, a NaN loss).
+
+Set `MEMORIA_DS_FAULT=<kind>:<step>` in the environment of a run:
+
+    kill_after_step:N    every rank exits (code 17) right after optimiser step N
+    kill_during_save:N   every rank exits while checkpoint N is half written (engine state
+                         and shards on disk, no manifest, not renamed into place)
+    nan_loss:N           rank 0's loss at step N (first micro-batch) becomes NaN
+
+Nothing happens when the variable is unset. The hooks exist so the atomic-save guarantee,
+resume-after-kill and the NaN policies are tested with the real launcher, not described.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+EXIT_CODE = 17
+
+
+def active(kind: str, step: int) -> bool:
+    return os.environ.get("MEMORIA_DS_FAULT", "") == f"{kind}:{step}"
+
+
+def kill(where: str) -> None:
+    print(f"fault injection: killed {where}", file=sys.stderr, flush=True)
+    os._exit(EXIT_CODE)

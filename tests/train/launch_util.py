@@ -1,0 +1,71 @@
+"""Run launch/finetune.py for real: through the `deepspeed` launcher, torchrun or plain python."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FINETUNE = str(ROOT / "launch" / "finetune.py")
+
+# A 2-layer, 32-wide Memoria GPT-2 with a small memory, on the bundled book, 16-token segments.
+TINY = [
+    "model.backbone=gpt2", "model.from_scratch=true", "model.preset=memoria",
+    "model.settings={n_layer: 2, n_embd: 32, n_head: 2, n_positions: 64, "
+    "memoria: {num_wm: 4, num_stm_reminded: 4, num_ltm_reminded: 4, stm_capacity: 16, search_depth: 2}}",
+    "data.corpus=bundled", "data.segment_length=16",
+    "optim.micro_batch_size=2", "optim.grad_accum=1", "optim.max_steps=6", "optim.lr=1e-3", "optim.precision=fp32",
+    "checkpoint.every=3", "checkpoint.export=false", "log.every=1", "log.tensorboard=false", "log.progress=false",
+    "eval.max_steps=3", "eval.protocols=[full]", f"deepspeed={ROOT / 'ds_configs' / 'cpu.json'}",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_training(run_dir: Path, *overrides: str, ranks: int = 1, launcher: str = "deepspeed",
+                 fault: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run one training job; returns the completed process (stdout/stderr captured)."""
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env.pop("MEMORIA_DS_FAULT", None)
+    if fault:
+        env["MEMORIA_DS_FAULT"] = fault
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    args = [*TINY, f"run_dir={run_dir}", *overrides]
+    port = str(free_port())
+    if launcher == "deepspeed":
+        cmd = [shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed"),
+               "--num_gpus", str(ranks), "--master_port", port, FINETUNE, *args]
+    elif launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+               "--master_port", port, FINETUNE, *args]
+    else:
+        assert ranks == 1
+        cmd = [sys.executable, FINETUNE, *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    """Fail with the job's output if it did not exit 0."""
+    assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+    return proc
+
+
+def metrics(run_dir: Path, kind: str = "train") -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def losses_by_step(run_dir: Path) -> dict[int, float]:
+    """The last logged training loss of each step (a resumed run logs steps again)."""
+    return {r["step"]: r["loss"] for r in metrics(run_dir)}

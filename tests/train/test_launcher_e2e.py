@@ -1,0 +1,159 @@
+"""End to end with the real `deepspeed` launcher and real DeepSpeed on CPU (gloo).
+
+Each job trains a tiny Memoria GPT-2 on the bundled book for a few steps. What is checked:
+the files a run leaves, exact resume after a kill, the atomic-save guarantee, the NaN
+policies, clear errors for bad configuration and bad checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from memoria_ds.train.checkpoint import find_latest, validate
+from memoria_ds.train.faults import EXIT_CODE
+
+from .launch_util import check, losses_by_step, metrics, run_training
+
+
+def _shard_tensors(path):
+    shard = torch.load(path, map_location="cpu", weights_only=False)
+    out = {}
+    for slot, sd in enumerate(shard["memory"]):
+        for key, value in (sd or {}).items():
+            if isinstance(value, dict):
+                for k2, v2 in value.items():
+                    if isinstance(v2, torch.Tensor):
+                        out[f"{slot}.{key}.{k2}"] = v2
+            elif isinstance(value, torch.Tensor):
+                out[f"{slot}.{key}"] = value
+    return out
+
+
+def test_single_rank_run_leaves_a_complete_run_directory(tmp_path):
+    run = tmp_path / "run"
+    proc = check(run_training(run, "checkpoint.export=true", "eval.protocols=[full, paper]"))
+    for name in ("config.yaml", "ds_config.json", "metrics.jsonl", "summary.json"):
+        assert (run / name).is_file(), name
+    ds = json.loads((run / "ds_config.json").read_text())
+    assert ds["train_batch_size"] == 2 and ds["zero_optimization"]["stage"] == 2
+    train = metrics(run)
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
+    assert all(r["loss"] > 0 and r["tok/s"] > 0 for r in train)
+    assert "memory/ltm" in train[-1] and train[-1]["memory/stm"] > 0, "memory statistics are logged"
+    evals = {r["kind"] for r in metrics(run, "eval_full") + metrics(run, "eval_paper")}
+    assert evals == {"eval_full", "eval_paper"}
+    # keep_last=2: checkpoints at steps 3 and 6, both complete
+    assert [validate(p).step for p in sorted((run / "checkpoints").glob("step_*"))] == [3, 6]
+    summary = json.loads((run / "summary.json").read_text())
+    assert {e["protocol"]["name"] for e in summary["eval"]} == {"full", "paper"}
+    assert '"summary"' in proc.stdout
+
+    # the export loads with the Auto classes and holds the trained (fp32 consolidated) weights
+    from transformers import AutoModelForCausalLM
+
+    import memoria_ds.model  # noqa: F401  (registers the model type)
+    from memoria_ds.train.export import consolidated_state_dict
+
+    model = AutoModelForCausalLM.from_pretrained(run / "export")
+    saved = consolidated_state_dict(run / "checkpoints" / "step_00000006", "deepspeed")
+    live = model.state_dict()
+    for name, tensor in saved.items():
+        assert torch.equal(live[name], tensor), name
+    ids = torch.randint(0, 50257, (1, 16))
+    assert torch.isfinite(model(input_ids=ids).logits).all()
+
+
+def test_kill_then_resume_equals_uninterrupted(tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    check(run_training(whole))
+    proc = run_training(killed, fault="kill_after_step:4")
+    assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
+    assert find_latest(killed / "checkpoints")[0].step == 3
+    check(run_training(killed, "checkpoint.resume=auto"))
+    a, b = losses_by_step(whole), losses_by_step(killed)
+    assert set(b) == {1, 2, 3, 4, 5, 6}
+    for step in (4, 5, 6):  # steps run after the resume from step 3
+        assert a[step] == b[step], f"step {step}: uninterrupted {a[step]!r} vs resumed {b[step]!r}"
+    # the memory at the end is bit-identical too
+    ta = _shard_tensors(whole / "checkpoints" / "step_00000006" / "rank_00000.pt")
+    tb = _shard_tensors(killed / "checkpoints" / "step_00000006" / "rank_00000.pt")
+    assert ta.keys() == tb.keys() and len(ta) > 0
+    for key in ta:
+        assert torch.equal(ta[key], tb[key]), key
+
+
+def test_a_kill_during_save_keeps_the_previous_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    proc = run_training(run, fault="kill_during_save:6")
+    assert proc.returncode == EXIT_CODE
+    root = run / "checkpoints"
+    assert (root / ".staging-step_00000006").is_dir(), "the half-written checkpoint is left in staging"
+    assert not (root / "step_00000006").exists()
+    info, _ = find_latest(root)
+    assert info.step == 3, "the last good checkpoint is still the one picked"
+    proc = check(run_training(run, "checkpoint.resume=auto"))
+    assert validate(root / "step_00000006").step == 6
+    assert not list(root.glob(".staging-*")), "stale staging folders are cleaned up"
+    assert "resume" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("policy", ["skip", "stop"])
+def test_nan_loss_policies(tmp_path, policy):
+    run = tmp_path / "run"
+    proc = run_training(run, f"optim.nan_policy={policy}", "checkpoint.every=1", "optim.max_steps=3",
+                        fault="nan_loss:2")
+    if policy == "skip":
+        check(proc)
+        train = {r["step"]: r for r in metrics(run)}
+        assert train[2]["skipped_micro_batches"] == 1 and train[3]["skipped_micro_batches"] == 0
+        assert all(r["loss"] == r["loss"] for r in train.values()), "no NaN reaches the logged loss"
+    else:
+        assert proc.returncode == 1
+        assert "non-finite loss at step 1" in proc.stderr or "non-finite loss at step 2" in proc.stderr
+        assert "nan_policy=stop" in proc.stderr
+        assert find_latest(run / "checkpoints")[0].step == 1, "the last good checkpoint stays"
+
+
+def test_resume_refuses_an_incompatible_or_corrupt_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    check(run_training(run))
+    proc = run_training(run, "model.preset=xl")
+    assert proc.returncode == 1 and "different `model` configuration" in proc.stderr
+
+    # corrupt the newest shard: `auto` falls back to the previous checkpoint and says so ...
+    shard = run / "checkpoints" / "step_00000006" / "rank_00000.pt"
+    shard.write_bytes(shard.read_bytes()[:-10] + b"0123456789")
+    proc = check(run_training(run, "checkpoint.resume=auto"))
+    assert "does not match its checksum" in proc.stdout + proc.stderr
+    assert "step_00000003" in proc.stdout + proc.stderr
+    # ... while naming it explicitly is an error
+    shard.write_bytes(shard.read_bytes()[:-10] + b"9876543210")
+    proc = run_training(run, f"checkpoint.resume={run / 'checkpoints' / 'step_00000006'}")
+    assert proc.returncode == 1 and "does not match its checksum" in proc.stderr
+
+
+def test_configuration_mistakes_stop_before_training(tmp_path):
+    proc = run_training(tmp_path / "a", "optim.lrr=1", launcher="python")
+    assert proc.returncode == 2 and "unknown setting(s) ['optim.lrr']" in proc.stderr
+    bad_ds = tmp_path / "bad.json"
+    bad_ds.write_text(json.dumps({"train_batch_size": 3, "zero_optimization": {"stage": 2}}))
+    proc = run_training(tmp_path / "b", f"deepspeed={bad_ds}")
+    assert proc.returncode == 1
+    assert "train_batch_size (3) != micro_batch (2) * grad_accum (1) * world_size (1) = 2" in proc.stderr
+    proc = run_training(tmp_path / "c", "data.corpus=files", f"data.files={{train: [{tmp_path / 'missing.txt'}]}}")
+    assert proc.returncode != 0 and "missing.txt" in proc.stderr
+    # a fresh start over a run directory with checkpoints is refused rather than overwriting them
+    check(run_training(tmp_path / "d", "optim.max_steps=3"))
+    proc = run_training(tmp_path / "d", "checkpoint.resume=null")
+    assert proc.returncode == 1 and "already has checkpoints" in proc.stderr
+
+
+def test_plain_python_with_and_without_deepspeed(tmp_path):
+    for engine in ("torch", "deepspeed"):
+        run = tmp_path / engine
+        check(run_training(run, f"engine={engine}", "optim.max_steps=3", launcher="python"))
+        assert [r["step"] for r in metrics(run)] == [1, 2, 3]
+        assert validate(run / "checkpoints" / "step_00000003").step == 3
