@@ -163,7 +163,19 @@ def worker(a: argparse.Namespace) -> None:
     r = Runner(a.worker, a)
     for _ in range(a.rss_steps):
         r.step(timed=False)
-    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"peak_rss_mb": peak_rss_mb()}))
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM: unlike ru_maxrss it is not inherited from the parent)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> None:
