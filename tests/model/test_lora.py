@@ -5,7 +5,7 @@ import torch
 from model_helpers import run_stream, segments
 from peft.tuners.lora import LoraLayer
 
-from memoria_ds.model import apply_lora
+from memoria_ds.model import MemoriaGPT2LMHeadModel, apply_lora
 
 # peft asks the model for `is_gradient_checkpointing`, which transformers 5 deprecates
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
@@ -59,3 +59,23 @@ def test_training_changes_exactly_the_trainable_parameters(make_model, checkpoin
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert changed == trainable
+
+
+def test_merged_export_round_trips(make_model, tmp_path):
+    """Export: merge the adapters into the backbone, save, reload: same logits, no peft needed."""
+    model = apply_lora(make_model("memoria", memory_init="random"), r=4)
+    with torch.no_grad():  # move the adapters away from their no-op start
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    segs = segments(count=3)
+    with torch.no_grad():
+        expected, _ = run_stream(model, segs)
+    merged = model.merge_and_unload()
+    assert isinstance(merged, MemoriaGPT2LMHeadModel)
+    merged.save_pretrained(tmp_path)
+    loaded = MemoriaGPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        got, _ = run_stream(loaded, segs)
+    for a, b in zip(expected, got):
+        torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=1e-5)
