@@ -13,9 +13,9 @@ from .config import MemoriaConfig
 from .memorize import memorize, write_working_memory
 from .retrieve import Retrieval, log_mean_similarity, remind, search_ltm
 from .state import EMPTY, KIND_NAMES, LTM, STM, WM, MemoryState
-from .stats import MemoryStats
+from .stats import MemoryStats, graph_stats
 
 __all__ = [
     "MemoriaConfig", "MemoryState", "Retrieval", "MemoryStats", "remind", "memorize", "write_working_memory",
-    "log_mean_similarity", "search_ltm", "EMPTY", "WM", "STM", "LTM", "KIND_NAMES",
+    "graph_stats", "log_mean_similarity", "search_ltm", "EMPTY", "WM", "STM", "LTM", "KIND_NAMES",
 ]

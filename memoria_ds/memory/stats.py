@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .config import MemoriaConfig
-from .state import EMPTY, KIND_NAMES, MemoryState
+from .state import EMPTY, KIND_NAMES, LTM, MemoryState
 
 if TYPE_CHECKING:
     from .retrieve import Retrieval
@@ -88,3 +88,31 @@ def collect(state: MemoryState, retrieval: Retrieval, ltm_age: Tensor, config: M
         lifespan_mean=torch.where(n_alive > 0, life.sum(dim=1) / n_alive.clamp(min=1), float("nan")),
         lifespan_max=life.amax(dim=1) if state.capacity else torch.zeros(state.batch_size, device=state.device),
     )
+
+
+def graph_stats(state: MemoryState) -> dict[str, Tensor]:
+    """Degree and edge weight of the co-retrieval graph among live engrams, per row.
+
+    O(B * C^2): call it when logging, not every step.
+
+    Returns:
+        `degree`: (B,) mean number of other live engrams each live engram has a positive
+        count with; `ltm_degree`: (B,) the same over LTM engrams; `edge_weight`: (B,) mean
+        edge weight `E[i->j] = counts[i, j] / counts[i, i]` over positive off-diagonal edges.
+    """
+    alive = state.kind != EMPTY  # (B, C)
+    pair = alive[:, :, None] & alive[:, None, :]
+    eye = torch.eye(state.capacity, dtype=torch.bool, device=state.device)
+    counts = state.counts.to(torch.float32)
+    edges = (counts > 0) & pair & ~eye  # (B, C, C)
+    degree = edges.sum(dim=2).to(torch.float32)  # (B, C)
+    n_alive = alive.sum(dim=1).clamp(min=1)
+    ltm = state.kind == LTM
+    diag = counts.diagonal(dim1=1, dim2=2).clamp(min=1.0)  # (B, C)
+    weight = torch.where(edges, counts / diag[:, :, None], 0.0).sum(dim=(1, 2))
+    n_edges = edges.sum(dim=(1, 2)).clamp(min=1)
+    return {
+        "degree": (degree * alive).sum(dim=1) / n_alive,
+        "ltm_degree": (degree * ltm).sum(dim=1) / ltm.sum(dim=1).clamp(min=1),
+        "edge_weight": weight / n_edges,
+    }

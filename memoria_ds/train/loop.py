@@ -20,6 +20,7 @@ import torch
 
 from ..data import TokenStreams
 from ..eval import EvalResult, evaluate_lm, protocol_from_name
+from ..memory import graph_stats
 from . import distributed as dist_utils
 from . import faults
 from .build import build_run_model, load_corpora, resolve_precision, unwrap
@@ -231,6 +232,9 @@ class Trainer:
             values["grad_norm"] = norm
         if stats is not None:
             values.update(stats.summary())
+        engrams = next((m.state for m in self.memories if m is not None and hasattr(m, "state")), None)
+        if engrams is not None:  # O(C^2) per row: only at logging steps
+            values.update({f"memory/graph_{k}": float(v.mean()) for k, v in graph_stats(engrams).items()})
         writer.log(step, values)
         w.update(loss_sum=0.0, scored=0.0, tokens=0.0, skipped=0.0, t0=time.time(), steps=0)
         return loss

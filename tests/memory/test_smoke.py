@@ -51,3 +51,18 @@ def test_any_batch_size_and_degenerate_sizes(batch, sizes):
     assert state.batch_size == batch and (state.step == 12).all()
     if batch:
         assert ((state.kind == STM).sum(1) == cfg.stm_capacity).all(), "STM fills up to its capacity"
+
+
+def test_graph_stats_by_hand():
+    cfg = MemoriaConfig(num_wm=1, num_stm_reminded=1, num_ltm_reminded=1, stm_capacity=2, capacity=4)
+    state = MemoryState.empty(cfg, 1, 2)
+    state.kind[0] = torch.tensor([LTM, LTM, STM, EMPTY], dtype=torch.int8)
+    state.counts[0] = torch.tensor([[4, 2, 0, 9], [2, 2, 1, 0], [0, 1, 5, 0], [9, 0, 0, 9]], dtype=torch.int16)
+    from memoria_ds.memory import graph_stats
+
+    g = graph_stats(state)
+    # live engrams 0, 1, 2; edges (0,1), (1,0), (1,2), (2,1); slot 3 is empty (its 9s are stale)
+    assert g["degree"].tolist() == [pytest.approx(4 / 3)]
+    assert g["ltm_degree"].tolist() == [pytest.approx(3 / 2)]
+    # weights: 2/4, 2/2, 1/2, 1/5
+    assert g["edge_weight"].tolist() == [pytest.approx((0.5 + 1.0 + 0.5 + 0.2) / 4)]
