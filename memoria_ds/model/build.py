@@ -36,7 +36,7 @@ def build_model(
             `memory_layers=[0, 6]`, `xl_memory_length=150`).
 
     Returns:
-        The model (in train mode only if you call `.train()`; HF loads in eval mode).
+        The model, in HF's mode: eval when loaded from a checkpoint, train when built from a config.
     """
     if isinstance(backbone, GPT2Config):
         config = MemoriaGPT2Config.from_backbone(backbone, preset, attn_implementation=attn_implementation, **settings)
