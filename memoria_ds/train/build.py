@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, GPT2Config
 
-from ..data import TokenCorpus, local_documents, prepare_corpus
+from ..data import TokenCorpus, input_length_for, local_documents, prepare_corpus, sorting_dataset
 from ..model import MemoriaGPT2Config, apply_lora, build_model
 from . import distributed as dist_utils
 from .config import DataSection, LoraSection, ModelSection, RunConfig
@@ -30,6 +30,13 @@ def load_corpora(data: DataSection, splits: tuple[str, ...], rank: int) -> dict[
         kwargs["path"] = data.path
 
     def prepare() -> dict[str, TokenCorpus]:
+        if data.corpus == "sorting":  # generated examples (datasets.Dataset per split)
+            s = data.sorting_settings
+            sizes = {"num_train": s["num_train"] if "train" in splits else 0,
+                     "num_validation": s["num_validation"] if "validation" in splits else 0,
+                     "num_test": s["num_test"] if "test" in splits else 0}
+            length = input_length_for(s["num_segments"], data.segment_length)
+            return dict(sorting_dataset(length, seed=s["seed"], num_proc=data.num_proc, **sizes))
         if data.corpus == "files":
             docs = local_documents(data.files, text_field=data.text_field)
             return prepare_corpus(docs, data.tokenizer, name="files", splits=splits, num_proc=data.num_proc)

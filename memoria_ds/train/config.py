@@ -64,7 +64,8 @@ class DataSection:
 
     Args:
         corpus: `bundled` (the shipped public-domain book), `wikitext103`, `pg19`,
-            `enwik8`, or `files` (local text/jsonl/parquet files in `files`).
+            `enwik8`, `files` (local text/jsonl/parquet files in `files`), or `sorting`
+            (the paper's sorting task, generated; see `sorting`).
         path: a local copy of the corpus (hub layout, `save_to_disk` folder, raw files);
             None loads from the hub.
         files: data files for `corpus: files`, as `{split: [paths]}`.
@@ -78,6 +79,10 @@ class DataSection:
             `document_start+every:N` (the paper resets all memory every 500 steps).
         loader: extra keyword arguments for the corpus loader (e.g. `num_train_books`).
         num_proc: tokenisation processes.
+        sorting: the sorting task (`corpus: sorting`): `num_segments` per example (4, 8,
+            16, 32 in Table 4), `num_train` (80,000), `num_validation`, `num_test`,
+            `seed`. Each example fills exactly `num_segments` segments; memory is reset at
+            every example's first segment whatever `reset` says.
     """
 
     corpus: str = "bundled"
@@ -91,8 +96,13 @@ class DataSection:
     reset: str = "every:500"
     loader: dict = field(default_factory=dict)
     num_proc: int | None = None
+    sorting: dict = field(default_factory=lambda: {"num_segments": 4, "num_train": 80_000, "num_validation": 1_000,
+                                                     "num_test": 1_000, "seed": 0})
 
     def __post_init__(self) -> None:
+        known = {"num_segments", "num_train", "num_validation", "num_test", "seed"}
+        if set(self.sorting) - known:
+            raise ValueError(f"unknown `data.sorting` setting(s) {sorted(set(self.sorting) - known)}; known: {sorted(known)}")
         if self.segment_length < 2:
             raise ValueError(f"`data.segment_length` ({self.segment_length}) must be at least 2")
         ResetPolicy.parse(self.reset)  # fails early with the list of valid forms
@@ -101,7 +111,15 @@ class DataSection:
 
     @property
     def reset_policy(self) -> ResetPolicy:
-        return ResetPolicy.parse(self.reset)
+        policy = ResetPolicy.parse(self.reset)
+        if self.corpus == "sorting":  # every example starts with an empty memory
+            policy = ResetPolicy(at_document_start=True, every_n_steps=policy.every_n_steps)
+        return policy
+
+    @property
+    def sorting_settings(self) -> dict:
+        return {"num_segments": 4, "num_train": 80_000, "num_validation": 1_000, "num_test": 1_000, "seed": 0,
+                **self.sorting}
 
 
 @dataclass

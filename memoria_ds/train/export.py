@@ -112,7 +112,7 @@ def export_hf(trainer: Trainer, ckpt_root: Path) -> Path | None:
     checked = verify_against_live(trainer, state)
     if trainer.info.is_main:
         trainer.log(f"export: {checked} trained tensors in {info.path.name} equal the live parameters")
-        vocab = trainer.corpora["train"].metadata.get("vocab_size")
+        vocab = trainer.vocab_size
         fresh = build_run_model(trainer.cfg, vocab).to("cpu")
         trainable = {n for n, p in fresh.named_parameters() if p.requires_grad}
         missing = sorted(trainable - set(state))
@@ -146,8 +146,8 @@ def build_run_model_plain(trainer: Trainer, vocab):
 
 def _save_tokenizer(trainer: Trainer, out_dir: Path) -> None:
     data = trainer.cfg.data
-    if data.corpus == "enwik8":
-        return  # a character vocabulary, recorded in the corpus metadata
+    if data.corpus in ("enwik8", "sorting"):
+        return  # a character / symbol vocabulary, recorded in the corpus metadata
     from ..data import load_tokenizer
 
     try:

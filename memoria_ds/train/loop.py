@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from ..data import TokenStreams
-from ..eval import EvalResult, evaluate_lm, protocol_from_name
+from ..data import VOCAB_SIZE, ExampleStreams, TokenStreams
+from ..eval import EvalResult, evaluate_lm, evaluate_sorting, protocol_from_name
 from ..memory import graph_stats
 from . import distributed as dist_utils
 from . import faults
@@ -77,16 +77,35 @@ class Trainer:
         splits = ("train",) + ((cfg.eval.split,) if (cfg.eval.at_end or cfg.eval.every) else ())
         self.corpora = load_corpora(cfg.data, splits, info.rank)
         train = self.corpora["train"]
-        self.streams = TokenStreams(
-            train, num_streams=self.num_streams, segment_length=cfg.data.segment_length, rank=info.rank,
-            world_size=info.world_size, tail=cfg.data.tail, shuffle_documents=cfg.data.shuffle_documents,
-            seed=cfg.seed,
-        )
+        self.sorting = cfg.data.corpus == "sorting"
+        if self.sorting:
+            self.streams = ExampleStreams(
+                train, batch_size=self.num_streams, segment_length=cfg.data.segment_length, rank=info.rank,
+                world_size=info.world_size, shuffle=True, seed=cfg.seed, drop_last=True,
+            )
+            self.stream_ids = list(self.streams.row_ids)
+            vocab = VOCAB_SIZE
+        else:
+            self.streams = TokenStreams(
+                train, num_streams=self.num_streams, segment_length=cfg.data.segment_length, rank=info.rank,
+                world_size=info.world_size, tail=cfg.data.tail, shuffle_documents=cfg.data.shuffle_documents,
+                seed=cfg.seed,
+            )
+            self.stream_ids = [int(s) for s in self.streams.stream_ids]
+            vocab = train.metadata.get("vocab_size")
+        self.vocab_size = vocab
         self.total_steps = cfg.optim.max_steps or cfg.optim.epochs * self.streams.steps_per_epoch
-        self.stream_ids = [int(s) for s in self.streams.stream_ids]
 
+        self.ds_config = self._resolve_ds_config() if cfg.engine == "deepspeed" else None
+        zero3 = self.ds_config is not None and self.ds_config.get("zero_optimization", {}).get("stage") == 3
+        if zero3:
+            # HF builds / loads the model directly into ZeRO-3 partitions while this object
+            # lives (a GPT-2 XL is never materialised whole on every rank)
+            from transformers.integrations import HfDeepSpeedConfig
+
+            self._hf_ds_config = HfDeepSpeedConfig(self.ds_config)
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        model = build_run_model(cfg, train.metadata.get("vocab_size"))
+        model = build_run_model(cfg, self.vocab_size)
         self.lora = cfg.lora.enabled
         self.engine = self._build_engine(model)
         self.model = self.engine.module
@@ -103,13 +122,8 @@ class Trainer:
             if isinstance(self.engine, DeepSpeedEngine):
                 (self.run_dir / "ds_config.json").write_text(json.dumps(self.engine.config, indent=1))
 
-    def _build_engine(self, model) -> TrainEngine:
+    def _resolve_ds_config(self) -> dict[str, Any]:
         cfg, o = self.cfg, self.cfg.optim
-        common = dict(total_steps=self.total_steps, warmup_ratio=o.warmup_ratio, lr=o.lr,
-                      weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps)
-        if cfg.engine == "torch":
-            return TorchEngine(model, self.device, grad_clip=o.grad_clip, grad_accum=o.grad_accum,
-                               precision=self.precision, **common)
         ds = resolve_ds_config(
             read_ds_config(cfg.deepspeed), micro_batch_size=o.micro_batch_size, grad_accum=o.grad_accum,
             world_size=self.info.world_size, grad_clip=o.grad_clip, precision=self.precision, lr=o.lr,
@@ -118,8 +132,17 @@ class Trainer:
         )
         if self.resume_from is not None and self.resume_from.world_size != self.info.world_size:
             ds["checkpoint"] = dict(ds.get("checkpoint", {}), load_universal=True)
+        return ds
+
+    def _build_engine(self, model) -> TrainEngine:
+        cfg, o = self.cfg, self.cfg.optim
+        common = dict(total_steps=self.total_steps, warmup_ratio=o.warmup_ratio, lr=o.lr,
+                      weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps)
+        if cfg.engine == "torch":
+            return TorchEngine(model, self.device, grad_clip=o.grad_clip, grad_accum=o.grad_accum,
+                               precision=self.precision, **common)
         model.to(self.device)
-        return DeepSpeedEngine(model, ds, **common)
+        return DeepSpeedEngine(model, self.ds_config, **common)
 
     def _resume(self, ckpt: CheckpointInfo) -> None:
         info = self.info
@@ -226,7 +249,7 @@ class Trainer:
         loss = loss_sum / scored if scored else float("nan")
         values = {"loss": loss, "ppl": math.exp(min(loss, 50.0)) if scored else float("nan"),
                   "tok/s": tokens / elapsed, "lr": self.engine.lr(), "skipped_micro_batches": skipped,
-                  "epoch": self.streams.epoch}
+                  "epoch": (step - 1) // self.streams.steps_per_epoch}
         norm = self.engine.grad_norm()
         if norm is not None:
             values["grad_norm"] = norm
@@ -248,16 +271,23 @@ class Trainer:
         streams = cfg.eval.num_streams or self.info.world_size
         results = []
         self.engine.eval()
-        for name in cfg.eval.protocols:
+        if self.sorting:
+            result = evaluate_sorting(
+                self.model, corpus, segment_length=cfg.data.segment_length, batch_size=self.num_streams,
+                model_name=f"{cfg.model.preset}@step{step}", split=cfg.eval.split, rank=self.info.rank,
+                world_size=self.info.world_size, device=self.device, progress=False,
+                output_path=str(self._eval_dir() / f"step_{step:08d}_sorting.json") if self.info.is_main else None,
+            )
+            writer.log(step, {"accuracy": result.accuracy, "nll": result.nll}, kind="eval_sorting")
+            writer.message(f"eval step {step} [sorting]: accuracy {result.accuracy:.4f} over {result.scored_tokens} targets")
+            results.append(result)
+        for name in [] if self.sorting else cfg.eval.protocols:
             protocol = protocol_from_name(name, cfg.data.segment_length, streams, cfg.eval.reset)
-            out_dir = self.run_dir / "eval"
-            if self.info.is_main:
-                out_dir.mkdir(exist_ok=True)
             result = evaluate_lm(
                 self.model, corpus, protocol, model_name=f"{cfg.model.backbone}:{cfg.model.preset}@step{step}",
                 rank=self.info.rank, world_size=self.info.world_size, device=self.device,
                 max_steps=cfg.eval.max_steps, progress=False,
-                output_path=str(out_dir / f"step_{step:08d}_{name}.json") if self.info.is_main else None,
+                output_path=str(self._eval_dir() / f"step_{step:08d}_{name}.json") if self.info.is_main else None,
             )
             results.append(result)
             values = {"ppl": result.ppl, "nll": result.nll, "scored_tokens": result.scored_tokens}
@@ -267,6 +297,11 @@ class Trainer:
             writer.message(f"eval step {step} [{name}]: ppl {result.ppl:.3f} over {result.scored_tokens} tokens")
         self.engine.train()
         return results
+
+    def _eval_dir(self) -> Path:
+        path = self.run_dir / "eval"
+        path.mkdir(exist_ok=True)
+        return path
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, step: int) -> Path:
