@@ -98,14 +98,22 @@ class Trainer:
 
         self.ds_config = self._resolve_ds_config() if cfg.engine == "deepspeed" else None
         zero3 = self.ds_config is not None and self.ds_config.get("zero_optimization", {}).get("stage") == 3
-        if zero3:
-            # HF builds / loads the model directly into ZeRO-3 partitions while this object
-            # lives (a GPT-2 XL is never materialised whole on every rank)
-            from transformers.integrations import HfDeepSpeedConfig
-
-            self._hf_ds_config = HfDeepSpeedConfig(self.ds_config)
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        model = build_run_model(cfg, self.vocab_size)
+        if zero3:
+            # HF builds / loads the model straight into ZeRO-3 partitions while this object
+            # lives (a GPT-2 XL is never materialised whole on every rank). It is unset right
+            # after: later model builds (the rank-0 export) must not become collective.
+            from transformers.integrations import HfDeepSpeedConfig
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+            hf_ds_config = HfDeepSpeedConfig(self.ds_config)
+            try:
+                model = build_run_model(cfg, self.vocab_size)
+            finally:
+                del hf_ds_config
+                unset_hf_deepspeed_config()
+        else:
+            model = build_run_model(cfg, self.vocab_size)
         self.lora = cfg.lora.enabled
         self.engine = self._build_engine(model)
         self.model = self.engine.module
