@@ -12,7 +12,6 @@ starts, with a message that says what to change.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -44,6 +43,20 @@ def parse(argv: list[str] | None, description: str, base_overrides: list[str]) -
     return load(RunConfig, a.config, overrides)
 
 
+def describe_summary(summary: dict) -> str:
+    """A few lines for the terminal; the whole summary is in <run_dir>/summary.json."""
+    lines = [f"done: {summary['steps']} steps, final train loss {summary['final_train_loss']:.4f}"]
+    for r in summary["eval"]:
+        p = r["protocol"]
+        metric = f"accuracy {r['accuracy']:.4f}" if r.get("accuracy") is not None else (
+            f"bpc {r['bpc']:.4f}" if r.get("bpc") is not None else f"ppl {r['ppl']:.3f}")
+        lines.append(f"eval [{p['name']}] {r['split']}: {metric} over {r['scored_tokens']} scored tokens")
+    lines.append(f"run directory: {summary['run_dir']} (summary.json, metrics.jsonl, eval/, checkpoints/)")
+    if summary.get("export"):
+        lines.append(f"Hugging Face export: {summary['export']}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2",
          base_overrides: list[str] | None = None) -> None:
     try:
@@ -60,7 +73,7 @@ def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2"
     try:
         summary = run(cfg, info)
         if info.is_main:
-            print(json.dumps({"summary": summary}, default=str), flush=True)
+            print(describe_summary(summary), flush=True)
     except (ConfigError, CheckpointError, NonFiniteLoss) as e:
         print(f"error (rank {info.rank}): {e}", file=sys.stderr, flush=True)
         code = 1

@@ -49,7 +49,7 @@ def test_single_rank_run_leaves_a_complete_run_directory(tmp_path):
     assert [validate(p).step for p in sorted((run / "checkpoints").glob("step_*"))] == [3, 6]
     summary = json.loads((run / "summary.json").read_text())
     assert {e["protocol"]["name"] for e in summary["eval"]} == {"full", "paper"}
-    assert '"summary"' in proc.stdout
+    assert "done: 6 steps" in proc.stdout and "eval [paper] validation: ppl" in proc.stdout
 
     # the export loads with the Auto classes and holds the trained (fp32 consolidated) weights
     from transformers import AutoModelForCausalLM
