@@ -50,11 +50,11 @@ class TrainEngine(ABC):
 
     module: nn.Module
 
-    def __call__(self, **kwargs):
-        return self.forward(**kwargs)
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
 
     @abstractmethod
-    def forward(self, **kwargs): ...
+    def forward(self, *args, **kwargs): ...
 
     @abstractmethod
     def backward(self, loss: torch.Tensor) -> None: ...
@@ -115,8 +115,8 @@ class DeepSpeedEngine(TrainEngine):
     def zero_stage(self) -> int:
         return self._engine.zero_optimization_stage()
 
-    def forward(self, **kwargs):
-        return self._engine(**kwargs)
+    def forward(self, *args, **kwargs):
+        return self._engine(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
         self._engine.backward(loss)
@@ -164,9 +164,9 @@ class TorchEngine(TrainEngine):
         self.autocast = precision == "bf16"
         self._norm: float | None = None
 
-    def forward(self, **kwargs):
+    def forward(self, *args, **kwargs):
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            return self.module(**kwargs)
+            return self.module(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss / self.grad_accum).backward()
