@@ -1,0 +1,215 @@
+"""GPU memory per rank of a run, estimated from its configuration without building it.
+
+Parts, per data-parallel rank (Psi = parameters, Nd = ranks):
+
+- **Model states** (ZeRO paper, Rajbhandari et al. 2020): mixed precision keeps 16 bytes
+  per parameter (bf16 weights 2 + bf16 gradients 2 + fp32 master weights, Adam m and v
+  12); fp32 also 16 (weights 4 + gradients 4 + Adam 8). ZeRO-1 shards the optimizer
+  part, ZeRO-2 also the gradients, ZeRO-3 everything; `offload` moves the optimizer part
+  (and for ZeRO-3 the weights) to CPU memory. Exact for the parameter count, which comes
+  from the real model class built on the `meta` device.
+- **Engram state** (exact, from `MemoryState`'s fields): per memory row, vectors C x D
+  fp32, the co-retrieval counts C x C (int16 by default), plus per-slot kind / lifespan /
+  uid / norm, and the previous segment's hidden states L x D fp32; times the rows (=
+  streams) of the rank. Transformer-XL instead keeps keys and values of every layer.
+- **Activations** (rough): Korthikanti et al. (2022), s*b*h*(34 + 5*a*k/h) bytes per
+  layer in 16-bit without recomputation (k = keys attended), plus the logits and their
+  fp32 log-softmax, plus the memory cross-attention of Memoria blocks. Good to about 30%.
+
+Nothing here counts the CUDA context, allocator fragmentation or DeepSpeed's buffers:
+keep a margin (the planner asks for 15%).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import GPT2Config
+
+from ..data import VOCAB_SIZE, enwik8_vocabulary
+from ..model import MemoriaGPT2Config
+from ..train.build import GPT2_SHAPES
+from ..train.config import RunConfig
+
+GIB = 1024**3
+# ZeRO choices the planner considers, cheapest first: name -> (stage, offload, DeepSpeed JSON)
+ZERO_CHOICES = {
+    "1": (1, False, "ds_configs/zero1.json"),
+    "2": (2, False, "ds_configs/zero2.json"),
+    "3": (3, False, "ds_configs/zero3.json"),
+    "2-offload": (2, True, "ds_configs/zero2_offload.json"),
+    "3-offload": (3, True, "ds_configs/zero3_offload.json"),
+}
+SINGLE_GPU_CONFIG = "ds_configs/single_gpu.json"  # ZeRO-1 on one rank: nothing to shard
+
+
+def vocab_size(cfg: RunConfig) -> int:
+    """The corpus vocabulary, without loading the corpus."""
+    if cfg.data.corpus == "sorting":
+        return VOCAB_SIZE
+    if cfg.data.corpus == "enwik8" and cfg.data.tokenizer is None:
+        return len(enwik8_vocabulary(cfg.data.loader.get("newlines", "drop")).symbols)
+    name = (cfg.data.tokenizer or "gpt2").split("/")[-1]
+    if name in GPT2_SHAPES:
+        return 50257
+    from ..data import load_tokenizer
+
+    return len(load_tokenizer(cfg.data.tokenizer))
+
+
+def model_config(cfg: RunConfig) -> MemoriaGPT2Config:
+    """The model configuration `build_run_model` would build, from the names alone (no download).
+
+    A GPT-2 hub name gives its published shape; a local directory its config.json.
+    """
+    m = cfg.model
+    settings: dict[str, Any] = dict(m.settings)
+    settings.setdefault("segment_length", cfg.data.segment_length)
+    name = m.backbone.split("/")[-1]
+    if name in GPT2_SHAPES:
+        n_embd, n_layer, n_head = GPT2_SHAPES[name]
+        base = GPT2Config(n_embd=n_embd, n_layer=n_layer, n_head=n_head)
+    else:
+        base = GPT2Config.from_pretrained(m.backbone)
+    if m.from_scratch:
+        base.vocab_size = settings.pop("vocab_size", vocab_size(cfg))
+    return MemoriaGPT2Config.from_backbone(base, m.preset, attn_implementation=m.attn_implementation, **settings)
+
+
+def count_parameters(config: MemoriaGPT2Config) -> dict[str, int]:
+    """Parameters of the model (tied embeddings once), split into backbone and memory modules.
+
+    Built on the `meta` device (no memory, no initialisation cost worth the name); cached per config.
+    """
+    return dict(_count_parameters(config.to_json_string()))
+
+
+@functools.lru_cache(maxsize=256)
+def _count_parameters(config_json: str) -> tuple[tuple[str, int], ...]:
+    from ..model import MemoriaGPT2LMHeadModel
+
+    config = MemoriaGPT2Config.from_dict(json.loads(config_json))
+    with torch.device("meta"):
+        model = MemoriaGPT2LMHeadModel(config)
+    total = sum(p.numel() for p in model.parameters())
+    backbone = sum(p.numel() for p in model.transformer.parameters())
+    return (("total", total), ("backbone", backbone), ("memory", total - backbone))
+
+
+def engram_bytes_per_row(config: MemoriaGPT2Config, segment_length: int) -> dict[str, int]:
+    """Bytes of one memory row of the model (`MemoryState` fields plus the carried context)."""
+    d = config.n_embd
+    if config.memory_type == "memoria":
+        mem = config.memoria_config
+        c = mem.capacity
+        count = torch.tensor([], dtype=getattr(torch, mem.count_dtype)).element_size()
+        return {"vectors": c * d * 4, "counts": c * c * count,
+                "slots": c * (4 + 1 + 4 + 8),  # sq_norms fp32, kind int8, lifespan fp32, uid int64
+                "previous_segment": segment_length * (d * 4 + 1), "capacity": c}
+    if config.memory_type == "xl":
+        length = config.xl_memory_length or segment_length
+        return {"keys_values": 2 * config.n_layer * length * d * 2, "capacity": 0}  # 16-bit cache
+    return {"capacity": 0}
+
+
+def model_state_bytes(params: int, world_size: int, stage: int, offload: bool) -> dict[str, float]:
+    """Weights, gradients and optimizer states on one GPU (16 bytes/parameter before sharding)."""
+    weights, grads, optim = 2.0 * params, 2.0 * params, 12.0 * params  # bf16 + fp32 master/Adam
+    n = max(world_size, 1)
+    if stage >= 1:
+        optim /= n
+    if stage >= 2:
+        grads /= n
+    if stage >= 3:
+        weights /= n
+    if offload:
+        optim = 0.0
+        if stage >= 3:
+            weights = 0.0
+    return {"weights": weights, "gradients": grads, "optimizer": optim}
+
+
+def activation_bytes(config: MemoriaGPT2Config, micro_batch: int, segment_length: int) -> float:
+    """Activations of one micro-batch forward+backward, 16-bit, no recomputation (rough)."""
+    s, b, h, a, n = segment_length, micro_batch, config.n_embd, config.n_head, config.n_layer
+    keys = s + ((config.xl_memory_length or s) if config.memory_type == "xl" else 0)
+    total = n * s * b * h * (34 + 5 * a * keys / h)
+    if config.memory_type == "memoria":  # per memory block: 2 layer norms, q/out projections, probabilities
+        mem = config.memoria_config
+        engrams = mem.num_wm + mem.num_reminded
+        total += len(config.resolved_memory_layers) * (s * b * h * 16 + 5 * a * s * b * engrams)
+    logits = s * b * config.vocab_size * (2 + 4 + 4)  # 16-bit logits, fp32 log-softmax and its gradient
+    return total + logits
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Estimated GPU memory of one rank, in bytes, and what it is made of."""
+
+    params: dict[str, int]
+    zero: str
+    model_states: dict[str, float]
+    activations: float
+    rows_per_rank: int
+    engram_row: dict[str, int]
+
+    @property
+    def engram_bytes(self) -> float:
+        return self.rows_per_rank * sum(v for k, v in self.engram_row.items() if k != "capacity")
+
+    @property
+    def total(self) -> float:
+        return sum(self.model_states.values()) + self.activations + self.engram_bytes
+
+
+def estimate(cfg: RunConfig, world_size: int, zero: str, config: MemoriaGPT2Config | None = None) -> Footprint:
+    """The footprint of `cfg` on `world_size` ranks under ZeRO choice `zero` (`ZERO_CHOICES` key)."""
+    config = config or model_config(cfg)
+    params = count_parameters(config)
+    stage, offload, _ = ZERO_CHOICES[zero]
+    states = model_state_bytes(params["total"], world_size, stage, offload)
+    acts = activation_bytes(config, cfg.optim.micro_batch_size, cfg.data.segment_length)
+    return Footprint(params=params, zero=zero, model_states=states, activations=acts,
+                     rows_per_rank=cfg.optim.micro_batch_size * cfg.optim.grad_accum,
+                     engram_row=engram_bytes_per_row(config, cfg.data.segment_length))
+
+
+def choose_zero(cfg: RunConfig, world_size: int, gpu_memory_gib: float, margin: float = 0.15,
+                config: MemoriaGPT2Config | None = None) -> Footprint:
+    """The cheapest ZeRO choice whose estimate fits `gpu_memory_gib` with `margin` to spare.
+
+    Raises:
+        ValueError: nothing fits (the message gives the smallest estimate).
+    """
+    config = config or model_config(cfg)
+    best = None
+    for zero in ZERO_CHOICES:
+        fp = estimate(cfg, world_size, zero, config)
+        if fp.total <= (1 - margin) * gpu_memory_gib * GIB:
+            return fp
+        best = fp if best is None or fp.total < best.total else best
+    raise ValueError(
+        f"no ZeRO choice fits {gpu_memory_gib:g} GiB per GPU: the smallest estimate is {best.total / GIB:.1f} GiB "
+        f"({best.zero}); use more GPUs, a smaller micro-batch (--micro-batch) or gradient checkpointing"
+    )
+
+
+def ds_config_for(zero: str, world_size: int) -> str:
+    """The DeepSpeed JSON of a ZeRO choice (one rank: single_gpu.json unless offloading)."""
+    stage, offload, path = ZERO_CHOICES[zero]
+    return SINGLE_GPU_CONFIG if world_size == 1 and not offload and stage < 3 else path
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.{1 if n >= 10 * size else 2}f} {unit}"
+    return f"{int(n)} B"
+
+
+__all__ = ["Footprint", "ZERO_CHOICES", "activation_bytes", "choose_zero", "count_parameters", "ds_config_for",
+           "engram_bytes_per_row", "estimate", "fmt_bytes", "model_config", "model_state_bytes", "vocab_size"]
