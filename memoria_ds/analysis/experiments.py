@@ -200,7 +200,7 @@ EXPERIMENTS: dict[str, Experiment] = _all_experiments()
 # ------------------------------------------------------------------------------ paper tables
 
 _LM_PAPER = ("test split; one stream, memory carried through the whole split, no resets; each segment's "
-             "first token not scored (149 of 150 tokens, 511 of 512 characters): the authors' evaluation")
+             "first token not scored (149 of 150 tokens; enwik8 511 of 512 characters): the authors' evaluation")
 _SORT_PAPER = "test examples; accuracy over the 20 answer symbols, teacher forcing; memory reset per example"
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,7 +27,9 @@ from memoria_ds.data.streams import StreamLayout, TokenStreams
 from memoria_ds.data.token_corpus import TokenCorpus
 from memoria_ds.eval.protocols import EvalProtocol, protocol_from_name
 from memoria_ds.eval.result import EvalResult, write_results
-from memoria_ds.eval.scoring import all_reduce_sums, call_model, dist_coordinates, model_device, token_nll
+from memoria_ds.eval.scoring import (
+    all_reduce_sums, dist_coordinates, forward_segment, logits_and_memory, model_device, token_nll,
+)
 
 
 def evaluate_lm(
@@ -41,6 +44,7 @@ def evaluate_lm(
     max_steps: int | None = None,
     progress: bool = True,
     output_path: str | None = None,
+    on_step: Callable[[int, Any, Any], None] | None = None,
 ) -> EvalResult:
     """Evaluate a Contract-2 model on one split under `protocol`.
 
@@ -56,6 +60,9 @@ def evaluate_lm(
             says so in `notes`).
         progress: a progress bar on rank 0.
         output_path: rank 0 writes the result there as JSON.
+        on_step: called after every segment as `on_step(step, batch, output)` with this
+            rank's `StreamBatch` and the model's whole output (e.g. `output.memory_stats`,
+            `output.memory`); memoria_ds.analysis.trace records the memory with it.
 
     Returns:
         The `EvalResult` (identical on every rank).
@@ -92,7 +99,10 @@ def evaluate_lm(
             for step in tqdm(range(steps), desc=f"eval {protocol.name}", disable=not progress or rank != 0):
                 batch = streams.batch_at(0, step).to(device)
                 reset = protocol.reset.reset_mask(batch)
-                logits, memory = call_model(model, batch, memory, reset)
+                out = forward_segment(model, batch, memory, reset)
+                logits, memory = logits_and_memory(out)
+                if on_step is not None:
+                    on_step(step, batch, out)
                 targets = batch.targets
                 if not protocol.score_segment_first:
                     targets = targets.clone()

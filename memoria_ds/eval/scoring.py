@@ -47,7 +47,16 @@ def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor
 
 def call_model(model: Any, batch: StreamBatch, memory: Any, reset: torch.Tensor) -> tuple[torch.Tensor, Any]:
     """One segment through a Contract-2 model: returns (logits (B, L, V), the memory to carry)."""
-    out = model(input_ids=batch.input_ids, shift_labels=None, memory=memory, reset=reset)
+    return logits_and_memory(forward_segment(model, batch, memory, reset))
+
+
+def forward_segment(model: Any, batch: StreamBatch, memory: Any, reset: torch.Tensor) -> Any:
+    """One segment through a Contract-2 model: its whole output (`.logits`, `.memory`, `.memory_stats`, ...)."""
+    return model(input_ids=batch.input_ids, shift_labels=None, memory=memory, reset=reset)
+
+
+def logits_and_memory(out: Any) -> tuple[torch.Tensor, Any]:
+    """(logits (B, L, V), the memory to carry) of a model output (a ModelOutput or a dict)."""
     logits = out["logits"] if isinstance(out, dict) else out.logits
     new_memory = out.get("memory") if isinstance(out, dict) else getattr(out, "memory", None)
     return logits, new_memory

@@ -1,0 +1,14 @@
+"""Plot what the memory does in a run (paper Figures 5, 6, 8-9 as PNGs).
+
+    python launch/analyze.py RUN_DIR [--trace test] [--max-steps N] [--out DIR]
+    python launch/analyze.py --state MEMORY.pt [--trace-file TRACE.jsonl] --out DIR
+
+See memoria_ds/analysis/analyze.py and docs/reproduction.md.
+"""
+
+import sys
+
+from memoria_ds.analysis.analyze import main
+
+if __name__ == "__main__":
+    sys.exit(main())

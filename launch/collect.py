@@ -1,0 +1,13 @@
+"""Collect run directories into the paper's tables (markdown and CSV), our numbers beside the paper's.
+
+    python launch/collect.py runs/repro [more roots] [--out DIR] [--tables table1,table5]
+
+See memoria_ds/analysis/collect.py and docs/reproduction.md.
+"""
+
+import sys
+
+from memoria_ds.analysis.collect import main
+
+if __name__ == "__main__":
+    sys.exit(main())
