@@ -14,7 +14,7 @@
 # --run-root DIR, --models, --sizes, --corpora, --segment-lengths, --segments, --entries,
 # --zero, --gpu-memory-gb, --global-batch, --micro-batch, --count-tokens, --rerun.
 # Everything after `--` is appended to every training command. Each command is echoed,
-# then run with its output shown and appended to <run_dir>/launch.log (tee).
+# then run; the command and its output are shown and appended to <run_dir>/launch.log (tee).
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -45,6 +45,6 @@ fi
 plan=$("${planner[@]}")   # one `LOG<TAB>COMMAND` line per run (the planner fails loudly)
 while IFS=$'\t' read -r -u 3 log cmd; do
   [[ -n ${cmd:-} ]] || continue
-  echo "+ $cmd"
+  echo "+ $cmd" | tee -a "$log"
   eval "$cmd" 2>&1 | tee -a "$log"
 done 3<<< "$plan"
