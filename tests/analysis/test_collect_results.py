@@ -1,0 +1,130 @@
+"""The collector on fixture run directories: identification (record or configuration), the latest
+evaluation, metric and protocol of every number, statuses, markdown and CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from memoria_ds.analysis.collect import collect, find_runs, main, read_run
+from memoria_ds.analysis.experiments import ENTRY_BASE_OVERRIDES, EXPERIMENTS, TABLES
+from memoria_ds.eval import EvalResult, paper_protocol
+from memoria_ds.eval.protocols import full_protocol
+from memoria_ds.train.config import RunConfig
+from memoria_ds.train.typed import dump, load
+
+N = 1000  # scored tokens of every fixture result
+
+
+def result(protocol: str, value: float, metric: str, split: str = "test") -> EvalResult:
+    common = dict(model="m", data={"corpus": "x"}, split=split, world_size=1, steps=7, input_tokens=N)
+    if metric == "accuracy":
+        return EvalResult.from_sums(nll_sum=0.5 * N, scored_tokens=N, correct=round(value * N), **common,
+                                    protocol={"name": "sorting", "segment_length": 1024, "num_streams": 32,
+                                              "segments_per_example": 4, "scored": "the 20 answer positions"})
+    p = (paper_protocol(150) if protocol == "paper" else full_protocol(150, 1)).to_dict()
+    if metric == "bpc":
+        return EvalResult.from_sums(nll_sum=value * math.log(2) * N, scored_tokens=N, character_level=True,
+                                    protocol=p, **common)
+    return EvalResult.from_sums(nll_sum=math.log(value) * N, scored_tokens=N, protocol=p, **common)
+
+
+def make_run(root: Path, eid: str | None, evals: dict[tuple[int, str], float], *, metric: str = "ppl",
+             scale: str | None = "paper", finished: bool = True, overrides: tuple[str, ...] = (),
+             name: str | None = None) -> Path:
+    run_dir = root / (name or eid)
+    (run_dir / "eval").mkdir(parents=True)
+    if eid is not None:
+        e = EXPERIMENTS[eid]
+        cfg = load(RunConfig, e.config, [*ENTRY_BASE_OVERRIDES[e.entry_point], *e.overrides, f"run_dir={run_dir}",
+                                         *overrides])
+    else:
+        cfg = load(RunConfig, None, [f"run_dir={run_dir}", *overrides])
+    dump(cfg, run_dir / "config.yaml")
+    if scale is not None and eid is not None:
+        (run_dir / "repro.json").write_text(json.dumps({"experiment": eid, "scale": scale}))
+    for (step, protocol), value in evals.items():
+        result(protocol, value, metric).save(run_dir / "eval" / f"step_{step:08d}_{protocol}.json")
+    if finished:
+        (run_dir / "summary.json").write_text("{}")
+    return run_dir
+
+
+@pytest.fixture
+def runs(tmp_path) -> Path:
+    root = tmp_path / "runs"
+    make_run(root, "finetune/wikitext103-L150-gpt2-memoria",
+             {(100, "paper"): 25.0, (200, "paper"): 19.5, (200, "full"): 19.25})  # the newest evaluation counts
+    make_run(root, "scratch/enwik8-L512-memoria", {(9, "paper"): 1.25, (9, "full"): 1.2}, metric="bpc",
+             scale=None)  # no launcher record: identified by its configuration
+    make_run(root, "sorting/L1024-n4-memoria", {(5, "sorting"): 0.8}, metric="accuracy")
+    make_run(root, "scratch/wikitext103-L150-xl", {(3, "paper"): 900.0}, scale="smoke")
+    make_run(root, "scratch/pg19-L150-transformer", {}, finished=False)
+    make_run(root, "scratch/wikitext103-L50-transformer", {(50, "paper"): 40.0}, overrides=("optim.max_steps=50",))
+    make_run(root, None, {(1, "paper"): 3.0}, name="other/bundled", overrides=("data.corpus=bundled",))
+    return root
+
+
+def rows(csv_text: str) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(csv_text)))
+
+
+def test_runs_are_identified_by_record_or_configuration(runs):
+    found = {str(p.relative_to(runs)): read_run(p) for p in find_runs([runs])}
+    assert len(found) == 7
+    assert found["scratch/enwik8-L512-memoria"].experiment == "scratch/enwik8-L512-memoria"
+    assert found["scratch/enwik8-L512-memoria"].scale == "unknown"
+    assert found["other/bundled"].experiment is None
+    assert found["finetune/wikitext103-L150-gpt2-memoria"].results["paper"][0] == 200
+
+
+def test_tables_beside_the_papers_numbers(runs, tmp_path):
+    info = collect([runs], tmp_path / "out")
+    assert info["runs"] == 7
+    table = rows(Path(info["csv"]).read_text())
+    assert len(table) == sum(len(t.cells) * len(t.our_protocols) for t in TABLES.values())
+    get = {(r["table"], r["row"], r["column"], r["protocol"]): r for r in table}
+
+    t5 = get[("table5", "Memoria GPT-2", "WikiText-103 PPL", "paper")]
+    assert (float(t5["paper"]), float(t5["ours"]), t5["step"], t5["status"]) == (18.986, 19.5, "200", "complete")
+    assert json.loads(t5["protocol_detail"])["scored_per_full_segment"] == 149 and t5["split"] == "test"
+    assert "149 of 150 tokens" in t5["paper_protocol"]
+    assert float(get[("table5", "Memoria GPT-2", "WikiText-103 PPL", "full")]["ours"]) == 19.25
+
+    e8 = get[("table1", "Memoria Transformer", "enwik8 BPC", "full")]
+    assert (float(e8["paper"]), float(e8["ours"]), e8["metric"]) == (1.16, 1.2, "bpc")
+
+    # one run, two tables: Table 4's Memoria at 1024 x 4 is Table 7's "+ Long-term Memory"
+    assert float(get[("table4", "Memoria Transformer", "4 segments of 1024", "sorting")]["ours"]) == 80.0
+    t7 = get[("table7", "+ Long-term Memory", "4 segments of 1024", "sorting")]
+    assert (float(t7["ours"]), float(t7["paper"])) == (80.0, 82.27)
+
+    assert "smoke run" in get[("table1", "Transformer-XL", "WikiText-103 PPL", "paper")]["status"]
+    assert "unfinished" in get[("table1", "Transformer", "PG-19 PPL", "paper")]["status"]
+    assert "shortened (max_steps=50)" in get[("table2", "Transformer", "WikiText-103 PPL (segment 50)", "paper")]["status"]
+    assert get[("table1", "infinity-former", "PG-19 PPL", "paper")]["ours"] == ""
+    assert info["filled"] == 6  # T5, T1 enwik8 and wt103-xl, T2, T4, T7 (the unfinished pg19 run has none)
+
+    md = Path(info["markdown"]).read_text()
+    assert "| Memoria GPT-2 | WikiText-103 PPL | 18.986 | 19.500 | 19.250 | complete |" in md
+    assert "| + Long-term Memory | 4 segments of 1024 | 82.27 | 80.00 | complete |" in md
+    assert "not implemented in memoria_ds (paper only)" in md
+    assert "- paper: test split, segments of 150, 1 stream(s), resets never, 149 of 150 scored per segment" in md
+    assert "## Runs that match no paper experiment" in md and "other/bundled" in md
+
+
+def test_collect_cli(runs, tmp_path, capsys):
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main([str(runs), "--out", str(tmp_path / "o"), "--tables", "table5"]) == 0
+    assert out.getvalue().startswith("# Results beside the paper's") and "## Table 5" in out.getvalue()
+    assert "## Table 1" not in out.getvalue()
+    assert (tmp_path / "o" / "results.csv").is_file()
+    assert main([str(runs), "--tables", "table9"]) == 2
+    assert "unknown table(s) ['table9']" in capsys.readouterr().err
