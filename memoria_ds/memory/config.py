@@ -24,9 +24,9 @@ _STRATEGIES = ("graph", "exhaustive")
 CountDtype = Literal["int16", "int32"]
 _COUNT_DTYPES = ("int16", "int32")
 
-# The default capacity is this multiple of `steady_state_bound`, rounded up to a multiple
-# of 64 (aligned rows for the count matrix).
-CAPACITY_SAFETY = 1.25
+# The default capacity is `steady_state_bound` (which already carries a C_stm margin over
+# the paper's analytic steady state) times this, rounded up to a multiple of 64.
+CAPACITY_SAFETY = 1.0
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,11 @@ class MemoriaConfig:
         initial_lifespan: L0, lifespan of a new engram (> 0).
         alpha: lifespan extend scale (>= 0); a step hands out `alpha * |M_rem|` lifespan.
         search_depth: rounds of LTM graph search after the entry points (>= 0).
-        capacity: engram slots per row. `None` picks `CAPACITY_SAFETY` x
-            `steady_state_bound`, rounded up to a multiple of 64. When a row is full the
-            LTM engram with the least lifespan is evicted (counted in the statistics).
+        capacity: engram slots per row. `None` picks `steady_state_bound` rounded up to a
+            multiple of 64 (1,664 for the defaults: 1.32x the paper's analytic steady state
+            of 1,250 engrams and 1.43x the most measured, see docs/algorithm.md). When a
+            row is full the LTM engram with the least lifespan is evicted (counted in the
+            statistics, `evictions`); raise `capacity` if that happens often.
         use_stm: remind STM engrams to the model (paper Table 7 ablation). When False,
             the top-`K_stm` STM engrams are still computed as the cues of the LTM graph
             search, but they are not given to the model and get no lifespan.
@@ -120,17 +122,18 @@ class MemoriaConfig:
 
     @property
     def steady_state_bound(self) -> int:
-        """Paper Appendix E: engrams per row converge to about this many.
+        """SPEC section 1's bound on the engrams per row (paper Appendix E).
 
-        Lifespan handed out per step is `N_wm * L0` (new engrams) plus `alpha * (K_stm +
-        K_ltm)` (reminded engrams); every engram spends 1.0 per step, so the number alive
-        settles near their sum. STM is added on top as a margin (SPEC section 1).
+        Lifespan handed out per step is `N_wm * L0` (new engrams) plus at most
+        `alpha * (K_stm + K_ltm)` (reminded engrams); every engram spends 1.0 per step, so
+        the number alive settles near their sum (1,250 for the defaults). `C_stm` is added
+        on top as a margin.
         """
         handed_out = self.num_wm * self.initial_lifespan + self.alpha * (self.num_stm_reminded + self.num_ltm_reminded)
         return int(math.ceil(handed_out)) + self.stm_capacity
 
     def default_capacity(self) -> int:
-        """`CAPACITY_SAFETY` x `steady_state_bound`, rounded up to a multiple of 64."""
+        """`CAPACITY_SAFETY` x `steady_state_bound` (at least `min_capacity`), rounded up to 64."""
         raw = max(CAPACITY_SAFETY * self.steady_state_bound, self.min_capacity)
         return int(math.ceil(raw / 64.0) * 64)
 

@@ -9,7 +9,7 @@ static shapes and no host synchronisation. Notation as in state.py, plus
 Scores are log-space: `log mean_j exp(-|s - wm_j|^2)`, which ranks exactly like the
 paper's mean of `exp(-d^2)` but never underflows to 0 (the official 1.0.0 package ranks
 all-zero scores, i.e. arbitrarily). Candidates are scored in chunks of at most
-`_CHUNK` so that the gathered vectors stay in cache and no large temporary is made.
+`_CHUNK`, so that the gathered vectors stay in cache and no large temporary is made.
 
 Ties are broken deterministically, never with an RNG:
     * top-k by score: the more recently created engram (larger uid) wins;
@@ -193,12 +193,10 @@ def strongest_edges(rows: _Rows, walkers: Tensor, eligible_rank: Tensor, order: 
 
 
 def search_ltm(
-    state: MemoryState, rows: _Rows, cues: Tensor, rank: Tensor, order: Tensor, wm: Tensor, wm_sq: Tensor,
-    config: MemoriaConfig,
-) -> tuple[Tensor, Tensor]:
+    state: MemoryState, rows: _Rows, cues: Tensor, rank: Tensor, order: Tensor, config: MemoriaConfig,
+) -> Tensor:
     """SPEC steps 4-5: entry points from the cues, then `depth` rounds of walking.
 
-    Every round's picks are scored right away (they are small and still in cache).
     Walkers landing on the same engram in a round continue as duplicates; they make the
     same picks, so the found set is the same as with one walker, and duplicates are
     removed once at the end.
@@ -208,28 +206,24 @@ def search_ltm(
         rank, order: the recency order of the slots (see `recency_order`).
 
     Returns:
-        found: (B, K_stm * (depth + 1)) LTM slots, each at most once, -1 padded.
-        scores: (B, K_stm * (depth + 1)) their scores, -inf where -1.
+        (B, K_stm * (depth + 1)) found LTM slots, each at most once, -1 padded.
     """
     C = rows.C
-    # eligible (LTM, not yet found) -> recency rank, else _NEG; column C absorbs padding
+    # eligible (LTM, not yet found) -> recency rank, else a large negative; column C absorbs padding
     key_dtype = edge_key_dtype(state.counts.dtype, C)
     neg = _NEG if key_dtype == torch.int32 else -(1 << 62)
     eligible = torch.where(state.kind == LTM, rank.to(key_dtype), neg)
     eligible = torch.cat([eligible, eligible.new_full((rows.B, 1), neg)], dim=1)
-    frontier, found, scores = cues, [], []
+    frontier, found = cues, []
     for _ in range(config.search_depth + 1):  # round 0: entry points from the cues
         frontier = strongest_edges(rows, frontier, eligible[:, :C], order)
         eligible.scatter_(1, frontier.remainder(C + 1), neg)  # -1 lands in column C
         found.append(frontier)
-        scores.append(rows.score(frontier, wm, wm_sq))
-    found_all, scores_all = torch.cat(found, dim=1), torch.cat(scores, dim=1)
-    # drop repeats (same slot found by two walkers of one round): sort, compare neighbours
-    sorted_slots, perm = found_all.sort(dim=1)
-    repeat = torch.zeros_like(sorted_slots, dtype=torch.bool)
-    repeat[:, 1:] = (sorted_slots[:, 1:] == sorted_slots[:, :-1]) & (sorted_slots[:, 1:] >= 0)
-    found_all = sorted_slots.masked_fill_(repeat, -1)
-    return found_all, scores_all.gather(1, perm).masked_fill_(repeat, float("-inf"))
+    # drop repeats (one slot found by two walkers of a round): sort, compare neighbours
+    found_all, _ = torch.cat(found, dim=1).sort(dim=1)
+    repeat = torch.zeros_like(found_all, dtype=torch.bool)
+    repeat[:, 1:] = (found_all[:, 1:] == found_all[:, :-1]) & (found_all[:, 1:] >= 0)
+    return found_all.masked_fill_(repeat, -1)
 
 
 def remind_ltm(
@@ -242,11 +236,11 @@ def remind_ltm(
         (B, K_ltm) reminded LTM slots (-1 padded) and (B,) how many LTM engrams were found.
     """
     if config.search == "graph":
-        found, scores = search_ltm(state, rows, cues, rank, order, wm, wm_sq, config)
+        found = search_ltm(state, rows, cues, rank, order, config)
     else:  # exhaustive: every LTM engram is a candidate
         slot = torch.arange(state.capacity, device=wm.device).expand(state.batch_size, -1)
         found = torch.where(state.kind == LTM, slot, -1)
-        scores = rows.score(found, wm, wm_sq)
+    scores = rows.score(found, wm, wm_sq)
     return _pick(state, found, scores, config.num_ltm_reminded), (found >= 0).sum(dim=1)
 
 

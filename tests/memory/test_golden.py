@@ -536,8 +536,11 @@ def test_config_defaults_and_capacity():
     assert (cfg.num_wm, cfg.num_stm_reminded, cfg.num_ltm_reminded, cfg.stm_capacity) == (50, 50, 50, 400)
     assert (cfg.initial_lifespan, cfg.alpha, cfg.search_depth) == (9.0, 8.0, 10)
     # Appendix E bound: N_wm * L0 + alpha * (K_stm + K_ltm) + C_stm = 450 + 800 + 400 = 1650;
-    # default capacity = 1.25 * 1650 = 2062.5 rounded up to a multiple of 64 = 2112
-    assert cfg.steady_state_bound == 1650 and cfg.capacity == 2112
+    # default capacity = the bound rounded up to a multiple of 64 = 1664 (26 * 64)
+    assert cfg.steady_state_bound == 1650 and cfg.capacity == 1664
+    # Table 2 sizes: 16 * 9 + 8 * 32 + 128 = 528 -> 576; enwik8: 170 * 9 + 8 * 340 + 1360 = 5610 -> 5632
+    assert MemoriaConfig(num_wm=16, num_stm_reminded=16, num_ltm_reminded=16, stm_capacity=128).capacity == 576
+    assert MemoriaConfig(num_wm=170, num_stm_reminded=170, num_ltm_reminded=170, stm_capacity=1360).capacity == 5632
     assert config(capacity=6, stm_capacity=4).capacity == 6  # exactly C_stm + N_wm is enough
     with pytest.raises(ValueError, match="unknown Memoria setting"):
         MemoriaConfig.from_dict({"num_wm": 2, "lifespan": 3})
