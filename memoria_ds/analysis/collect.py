@@ -177,28 +177,27 @@ def to_markdown(lines: list[Line], runs: list[Run]) -> str:
     w("# Results beside the paper's\n\n")
     w("Written by `launch/collect.py`. Smoke runs train a tiny model for a few steps on stand-in data: their "
       "numbers only show that the pipeline runs.\n")
-    for table in dict.fromkeys(l.table for l in lines):
-        rows = [l for l in lines if l.table is table]
+    for table in dict.fromkeys(line.table for line in lines):
+        rows = [line for line in lines if line.table is table]
         protocols = table.our_protocols
         w(f"\n## {table.title}\n\nPaper's numbers: {table.paper_protocol}.\n\n")
         head = ["Model", "Column", "Paper"] + [f"Ours (`{p}`)" for p in protocols] + ["Status", "Run"]
         w("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
         seen: dict[str, str] = {}
-        for l in rows:
-            ours = []
+        for line in rows:
+            cell, ours = line.cell, []
             for p in protocols:
-                v, r, _ = l.ours(p)
-                ours.append(_fmt(v, l.cell.metric))
+                v, r, _ = line.ours(p)
+                ours.append(_fmt(v, cell.metric))
                 if r is not None:
                     seen.setdefault(describe_protocol(r), "")
-            if l.cell.experiment is None:
+            if cell.experiment is None:
                 status, run = "not implemented in memoria_ds (paper only)", "-"
-            elif l.run is None:
-                status, run = "not run", f"`{l.cell.experiment}`"
+            elif line.run is None:
+                status, run = "not run", f"`{cell.experiment}`"
             else:
-                status, run = l.run.status, f"`{l.run.path}`"
-            w("| " + " | ".join([l.cell.row, l.cell.column, _fmt(l.cell.paper, l.cell.metric), *ours, status, run])
-              + " |\n")
+                status, run = line.run.status, f"`{line.run.path}`"
+            w("| " + " | ".join([cell.row, cell.column, _fmt(cell.paper, cell.metric), *ours, status, run]) + " |\n")
         if seen:
             w("\nOur protocols, as recorded with the results:\n\n" + "".join(f"- {d}\n" for d in seen))
     other = [r for r in runs if r.experiment is None]
@@ -216,17 +215,19 @@ def to_csv(lines: list[Line]) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator="\n")
     writer.writeheader()
-    for l in lines:
-        for p in l.table.our_protocols:
-            v, r, step = l.ours(p)
+    for line in lines:
+        cell, run = line.cell, line.run
+        for p in line.table.our_protocols:
+            v, r, step = line.ours(p)
             writer.writerow({
-                "table": l.table.name, "row": l.cell.row, "column": l.cell.column, "metric": l.cell.metric,
-                "paper": l.cell.paper, "paper_protocol": l.table.paper_protocol,
+                "table": line.table.name, "row": cell.row, "column": cell.column, "metric": cell.metric,
+                "paper": cell.paper, "paper_protocol": line.table.paper_protocol,
                 "ours": "" if v is None else f"{v:.6g}", "protocol": p,
                 "protocol_detail": json.dumps(r.protocol, sort_keys=True) if r else "",
-                "split": r.split if r else "", "scored": r.scored_tokens if r else "", "step": "" if step is None else step,
-                "scale": l.run.scale if l.run else "", "status": l.run.status if l.run else "",
-                "experiment": l.cell.experiment or "", "run_dir": str(l.run.path) if l.run else "",
+                "split": r.split if r else "", "scored": r.scored_tokens if r else "",
+                "step": "" if step is None else step, "scale": run.scale if run else "",
+                "status": run.status if run else "", "experiment": cell.experiment or "",
+                "run_dir": str(run.path) if run else "",
             })
     return out.getvalue()
 
@@ -250,7 +251,7 @@ def collect(roots: Iterable[str | Path], out_dir: str | Path, tables: Iterable[s
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.md").write_text(to_markdown(lines, runs))
     (out / "results.csv").write_text(to_csv(lines))
-    filled = sum(1 for l in lines if any(l.ours(p)[0] is not None for p in l.table.our_protocols))
+    filled = sum(1 for line in lines if any(line.ours(p)[0] is not None for p in line.table.our_protocols))
     return {"markdown": str(out / "results.md"), "csv": str(out / "results.csv"), "runs": len(runs), "filled": filled}
 
 

@@ -128,9 +128,9 @@ def changed_settings(cfg: RunConfig) -> dict[str, Any]:
 
 
 def report(runs: list[PlannedRun], topology: Topology, *, full_config: bool, gpu_memory_gib: float,
-           standins: dict[str, Path], out=sys.stdout) -> None:
+           standins: dict[str, Path], out=None) -> None:
     """The dry run: every run's command, configuration, batch, memory, steps and cost."""
-    w = out.write
+    w = (out or sys.stdout).write
     w(f"topology: {topology.describe()}\n")
     for kind, path in standins.items():
         w(f"stand-in {kind} (smoke scale: not the paper's data): {path}\n")
@@ -147,9 +147,9 @@ def report(runs: list[PlannedRun], topology: Topology, *, full_config: bool, gpu
             for k, v in changed_settings(r.cfg).items():
                 w(f"              {k}: {json.dumps(v) if isinstance(v, (dict, list)) else v}\n")
         b = r.split
-        w(f"  batch     {b.batch} streams (memory rows) = {b.world_size} rank{'s' if b.world_size > 1 else ''} x {b.rows_per_rank} "
-          f"(micro-batch {b.micro_batch_size} x accumulation {b.grad_accum}); "
-          f"{s.tokens_per_step:,} tokens per optimiser step\n")
+        ranks = f"{b.world_size} rank{'s' if b.world_size > 1 else ''}"
+        w(f"  batch     {b.batch} streams (memory rows) = {ranks} x {b.rows_per_rank} (micro-batch {b.micro_batch_size} "
+          f"x accumulation {b.grad_accum}); {s.tokens_per_step:,} tokens per optimiser step\n")
         p = f.params
         w(f"  model     {p['total']:,} parameters (backbone {p['backbone']:,} + memory modules {p['memory']:,}); "
           f"{r.cfg.optim.precision}; ZeRO {f.zero} ({r.cfg.deepspeed})\n")
@@ -174,7 +174,8 @@ def report(runs: list[PlannedRun], topology: Topology, *, full_config: bool, gpu
           f"comms {c.comms_s * 1e3:.1f}) -> {c.hours:,.1f} h wall, {c.gpu_hours:,.1f} GPU-hours on A100 80GB "
           f"(rough: within about 2x, method in memoria_ds/analysis/cost.py)\n")
     total = sum(r.cost.gpu_hours for r in runs)
-    w(f"\n{len(runs)} runs, {sum(r.cost.hours for r in runs):,.1f} h if run one after another, "
+    hours = sum(r.cost.hours for r in runs)
+    w(f"\n{len(runs)} run{'s' if len(runs) != 1 else ''}, {hours:,.1f} h if run one after another, "
       f"{total:,.1f} GPU-hours in all (estimate)\n")
 
 

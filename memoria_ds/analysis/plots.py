@@ -160,7 +160,8 @@ def lifespans(by_kind: dict[str, np.ndarray], path: str | os.PathLike, *, source
         ax.set_yscale("log")
     else:
         _note(ax, "the memory is empty")
-    ax.set(xlabel="remaining lifespan", ylabel="engrams", title="Lifespans of live engrams" + (f"\n{source}" if source else ""))
+    ax.set(xlabel="remaining lifespan", ylabel="engrams",
+           title="Lifespans of live engrams" + (f"\n{source}" if source else ""))
     return _save(fig, path, ["kind", "lifespan"], ((k, float(x)) for k, v in by_kind.items() for x in v.tolist()))
 
 

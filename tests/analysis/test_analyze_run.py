@@ -83,12 +83,13 @@ def test_table1_smoke_run_and_its_plots(smoke_run):
     assert {"fig6_ltm_creation", "fig8_edge_weight_age", "fig5_reminded_ltm_age_metrics"} <= set(got)
     train_ages = [float(r["reminded_ltm_age"]) for r in read_csv(files / "fig5_reminded_ltm_age_metrics.csv")]
     assert len(train_ages) == 8 and any(math.isfinite(a) for a in train_ages)  # logged every step
-    assert torch.equal(load_memory(shard).state.counts, torch.load(shard, weights_only=False)["memory"][0]["state"]["counts"])
+    saved = torch.load(shard, weights_only=False)["memory"][0]["state"]["counts"]
+    assert torch.equal(load_memory(shard).state.counts, saved)
 
 
 def test_collector_builds_table1_from_the_smoke_run(smoke_run, tmp_path):
     info = collect([smoke_run], tmp_path, ["table1"])
     md = Path(info["markdown"]).read_text()
-    line = next(l for l in md.splitlines() if l.startswith("| Memoria Transformer | WikiText-103 PPL |"))
+    line = next(x for x in md.splitlines() if x.startswith("| Memoria Transformer | WikiText-103 PPL |"))
     assert "smoke run (CPU, stand-in data, tiny model): not a reproduction" in line
     assert line.split("|")[4].strip() != "-"  # our `paper`-protocol number is there
