@@ -28,11 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import GPT2Config
 
 from ..data import VOCAB_SIZE, enwik8_vocabulary
 from ..model import MemoriaGPT2Config
-from ..train.build import GPT2_SHAPES
+from ..train.build import GPT2_SHAPES, _from_scratch_backbone
 from ..train.config import RunConfig
 
 GIB = 1024**3
@@ -64,20 +63,15 @@ def vocab_size(cfg: RunConfig) -> int:
 def model_config(cfg: RunConfig) -> MemoriaGPT2Config:
     """The model configuration `build_run_model` would build, from the names alone (no download).
 
-    A GPT-2 hub name gives its published shape; a local directory its config.json.
+    A GPT-2 hub name gives its published shape (`train.build.GPT2_SHAPES`); a local
+    directory its config.json; a from-scratch model the corpus vocabulary.
     """
     m = cfg.model
     settings: dict[str, Any] = dict(m.settings)
     settings.setdefault("segment_length", cfg.data.segment_length)
-    name = m.backbone.split("/")[-1]
-    if name in GPT2_SHAPES:
-        n_embd, n_layer, n_head = GPT2_SHAPES[name]
-        base = GPT2Config(n_embd=n_embd, n_layer=n_layer, n_head=n_head)
-    else:
-        base = GPT2Config.from_pretrained(m.backbone)
-    if m.from_scratch:
-        base.vocab_size = settings.pop("vocab_size", vocab_size(cfg))
-    return MemoriaGPT2Config.from_backbone(base, m.preset, attn_implementation=m.attn_implementation, **settings)
+    vocab = settings.pop("vocab_size", vocab_size(cfg)) if m.from_scratch else None
+    backbone = _from_scratch_backbone(m, vocab)  # the backbone's architecture, as the training resolves it
+    return MemoriaGPT2Config.from_backbone(backbone, m.preset, attn_implementation=m.attn_implementation, **settings)
 
 
 def count_parameters(config: MemoriaGPT2Config) -> dict[str, int]:

@@ -205,8 +205,10 @@ def _git_commit() -> str | None:
 # ------------------------------------------------------------------------------ CLI
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="launch/repro/tableN.sh", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="launch/repro/tableN.sh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="The table scripts add --mode run | dry-run | smoke (launch/repro/common.sh) and pass --table "
+               "themselves; docs/reproduction.md has examples.")
     p.add_argument("--table", required=True, choices=sorted(TABLES))
     p.add_argument("--print", dest="output", choices=["report", "commands"], default="report",
                    help="report: the dry run; commands: LOG<TAB>COMMAND lines for the launcher")

@@ -211,6 +211,30 @@ def test_parameter_count_and_engram_bytes_match_the_real_objects(tiny_gpt2_confi
     assert row["previous_segment"] == 16 * (config.n_embd * 4 + 1)  # fp32 hidden states + mask
 
 
+def test_planned_model_is_the_model_the_training_builds(tmp_path):
+    """The planner resolves the model from the run configuration alone; the training builds it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from memoria_ds.train.build import build_run_model
+
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=64)).save_pretrained(tmp_path / "bb")
+    tiny = ["model.settings.memoria={num_wm: 4, num_stm_reminded: 4, num_ltm_reminded: 4, stm_capacity: 8}"]
+    for overrides, vocab in (
+        (["model.from_scratch=true", "model.settings.n_layer=2", "model.settings.n_embd=32", "model.settings.n_head=2",
+          "data.segment_length=16", *tiny], 50257),
+        (["model.from_scratch=true", "model.preset=xl", "data.corpus=sorting", "model.settings.n_layer=1",
+          "model.settings.n_embd=16", "model.settings.n_head=2"], 21),
+        ([f"model.backbone={tmp_path / 'bb'}", "model.preset=memoria_wm_stm", "data.segment_length=32", *tiny], None),
+    ):
+        cfg = load(RunConfig, None, overrides)
+        planned = fp.model_config(cfg)
+        built = build_run_model(cfg, vocab)
+        bookkeeping = {"use_cache", "architectures", "transformers_version", "_name_or_path", "dtype"}
+        assert {k: v for k, v in planned.to_dict().items() if k not in bookkeeping} == \
+            {k: v for k, v in built.config.to_dict().items() if k not in bookkeeping}
+        assert fp.count_parameters(planned)["total"] == sum(p.numel() for p in built.parameters())
+
+
 def test_model_states_follow_the_zero_partitioning():
     assert fp.model_state_bytes(1000, 4, 1, False) == {"weights": 2000, "gradients": 2000, "optimizer": 3000}
     assert fp.model_state_bytes(1000, 4, 2, False) == {"weights": 2000, "gradients": 500, "optimizer": 3000}
