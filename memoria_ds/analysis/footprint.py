@@ -31,7 +31,7 @@ import torch
 
 from ..data import VOCAB_SIZE, enwik8_vocabulary
 from ..model import MemoriaGPT2Config
-from ..train.build import GPT2_SHAPES, _from_scratch_backbone
+from ..train.build import GPT2_SHAPES, from_scratch_backbone
 from ..train.config import RunConfig
 
 GIB = 1024**3
@@ -70,7 +70,7 @@ def model_config(cfg: RunConfig) -> MemoriaGPT2Config:
     settings: dict[str, Any] = dict(m.settings)
     settings.setdefault("segment_length", cfg.data.segment_length)
     vocab = settings.pop("vocab_size", vocab_size(cfg)) if m.from_scratch else None
-    backbone = _from_scratch_backbone(m, vocab)  # the backbone's architecture, as the training resolves it
+    backbone = from_scratch_backbone(m, vocab)  # the backbone's architecture, as the training resolves it
     return MemoriaGPT2Config.from_backbone(backbone, m.preset, attn_implementation=m.attn_implementation, **settings)
 
 

@@ -39,8 +39,10 @@ def load_corpora(data: DataSection, splits: tuple[str, ...], rank: int) -> dict[
             return dict(sorting_dataset(length, seed=s["seed"], num_proc=data.num_proc, **sizes))
         if data.corpus == "files":
             docs = local_documents(data.files, text_field=data.text_field)
-            return prepare_corpus(docs, data.tokenizer, name="files", splits=splits, num_proc=data.num_proc)
-        return prepare_corpus(data.corpus, data.tokenizer, splits=splits, num_proc=data.num_proc, **kwargs)
+            return prepare_corpus(docs, data.tokenizer, name="files", splits=splits, num_proc=data.num_proc,
+                                  append_eos=data.append_eos)
+        return prepare_corpus(data.corpus, data.tokenizer, splits=splits, num_proc=data.num_proc,
+                              append_eos=data.append_eos, **kwargs)
 
     if rank == 0:
         out = prepare()
@@ -56,7 +58,7 @@ GPT2_SHAPES = {"gpt2": (768, 12, 12), "gpt2-medium": (1024, 24, 16), "gpt2-large
                "gpt2-xl": (1600, 48, 25)}
 
 
-def _from_scratch_backbone(model: ModelSection, vocab_size: int | None) -> GPT2Config:
+def from_scratch_backbone(model: ModelSection, vocab_size: int | None) -> GPT2Config:
     """The backbone config for a from-scratch run: the named architecture (a GPT-2 size, or a
     local directory's config) with the corpus vocabulary."""
     name = model.backbone.split("/")[-1]
@@ -82,7 +84,7 @@ def build_run_model(cfg: RunConfig, vocab_size: int | None) -> nn.Module:
     settings = dict(m.settings)
     settings.setdefault("segment_length", cfg.data.segment_length)
     if m.from_scratch:
-        backbone = _from_scratch_backbone(m, settings.pop("vocab_size", vocab_size))
+        backbone = from_scratch_backbone(m, settings.pop("vocab_size", vocab_size))
         arch = {k: settings.pop(k) for k in list(settings) if k in GPT2Config().to_dict() and k != "vocab_size"}
         backbone = GPT2Config(**{**backbone.to_dict(), **arch})
         model = build_model(backbone, m.preset, attn_implementation=m.attn_implementation, **settings)

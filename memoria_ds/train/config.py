@@ -72,6 +72,8 @@ class DataSection:
         text_field: the document column of local files.
         tokenizer: a tokenizer name or path; None: the GPT-2 tokenizer (or, for enwik8,
             its 204-symbol character vocabulary).
+        append_eos: put the tokenizer's end-of-text token after every document (None:
+            yes when the tokenizer has one). The authors' runs used no separator: `false`.
         segment_length: tokens per segment (150 in the paper; 512 for enwik8).
         tail: `drop` (full segments only, as the paper) or `pad`.
         shuffle_documents: a new seeded document order every epoch.
@@ -90,6 +92,7 @@ class DataSection:
     files: dict = field(default_factory=dict)
     text_field: str = "text"
     tokenizer: str | None = None
+    append_eos: bool | None = None
     segment_length: int = 150
     tail: Literal["drop", "pad"] = "drop"
     shuffle_documents: bool = False
@@ -222,6 +225,9 @@ class EvalSection:
         reset: reset policy of the `full` protocol.
         max_steps: evaluate at most this many segments per protocol (quick checks).
         at_end: evaluate once training is done.
+        trace: in the final evaluation, record the memory statistics of every segment
+            (`<run_dir>/eval/trace_<protocol>.jsonl`) and save the final memory state
+            (`memory_<protocol>.pt`), for `launch/analyze.py` (paper Figures 5, 6, 8-9).
     """
 
     every: int = 0
@@ -231,6 +237,7 @@ class EvalSection:
     reset: str = "never"
     max_steps: int | None = None
     at_end: bool = True
+    trace: bool = False
 
     def __post_init__(self) -> None:
         bad = [p for p in self.protocols if p not in ("full", "paper")]

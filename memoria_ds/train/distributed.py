@@ -1,14 +1,18 @@
 """Process-group set-up for every way of starting a run.
 
 `deepspeed script.py`, `torchrun script.py` and plain `python script.py` all end up here:
-the launchers set RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT; plain
-`python` gets a single-rank group on a free local port. Backend: NCCL on CUDA, gloo on CPU.
+the launchers set RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT. Launchers
+that do not (`srun` directly, DeepSpeed's `--launcher slurm`, `mpirun`) are recognised by
+SLURM's or Open MPI's own variables, so N processes never silently become N copies of
+rank 0. Plain `python` gets a single-rank group on a free local port. Backend: NCCL on
+CUDA, gloo on CPU.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
 from dataclasses import dataclass
 
 import torch
@@ -33,11 +37,47 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _first_slurm_host() -> str:
+    nodes = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if not nodes:
+        raise RuntimeError("SLURM_PROCID is set but SLURM_JOB_NODELIST is not; set MASTER_ADDR")
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise RuntimeError(f"cannot expand SLURM_JOB_NODELIST={nodes!r} with scontrol ({e}); set MASTER_ADDR") from e
+    return out.stdout.split()[0]
+
+
+def discover_launcher_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """RANK / LOCAL_RANK / WORLD_SIZE (/ MASTER_ADDR) from whatever started this process.
+
+    torchrun / the deepspeed launcher set them; Open MPI (`OMPI_COMM_WORLD_*`) and SLURM
+    (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, with more than one task) are
+    translated; otherwise a single process. Returns the variables to add.
+    """
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return {}
+    if "OMPI_COMM_WORLD_RANK" in env:
+        add = {"RANK": env["OMPI_COMM_WORLD_RANK"], "WORLD_SIZE": env["OMPI_COMM_WORLD_SIZE"],
+               "LOCAL_RANK": env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")}
+    elif "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        add = {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"],
+               "LOCAL_RANK": env.get("SLURM_LOCALID", "0")}
+        if "MASTER_ADDR" not in env:
+            add["MASTER_ADDR"] = _first_slurm_host()
+    else:
+        return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": env.get("MASTER_PORT") or str(_free_port())}
+    if "MASTER_ADDR" not in env and "MASTER_ADDR" not in add:
+        raise RuntimeError("this launcher did not set MASTER_ADDR: export the first node's address")
+    add.setdefault("MASTER_PORT", env.get("MASTER_PORT", "29500"))
+    return add
+
+
 def init_distributed(use_deepspeed: bool = True) -> DistInfo:
     """Initialise (once) the default process group and pick this rank's device."""
-    if "RANK" not in os.environ:  # plain `python`: a group of one
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.update(discover_launcher_env())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()

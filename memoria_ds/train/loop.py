@@ -186,7 +186,8 @@ class Trainer:
         policy = cfg.data.reset_policy
         window = {"loss_sum": 0.0, "scored": 0.0, "tokens": 0.0, "skipped": 0.0, "t0": time.time(), "steps": 0}
         batches = iter(self.streams)
-        last_stats, last_loss = None, float("nan")
+        step_stats: list = []
+        last_loss = float("nan")
         self.engine.train()
         for step in range(self.start_step, self.total_steps):
             batch = next(batches, None)
@@ -196,6 +197,7 @@ class Trainer:
             batch = batch.to(self.device)
             reset = policy.reset_mask(batch, step)
             good = 0
+            step_stats = []
             for j in range(self.accum):
                 rows = slice(j * self.micro, (j + 1) * self.micro)
                 targets = batch.targets[rows]
@@ -217,7 +219,8 @@ class Trainer:
                     continue
                 self.engine.backward(loss)
                 self.memories[j] = out.memory
-                last_stats = out.memory_stats if out.memory_stats is not None else last_stats
+                if out.memory_stats is not None:
+                    step_stats.append(out.memory_stats)
                 scored = float((targets != -100).sum())
                 window["loss_sum"] += float(loss.detach()) * scored
                 window["scored"] += scored
@@ -231,7 +234,7 @@ class Trainer:
             window["steps"] += 1
             writer.advance()
             if done % cfg.log.every == 0 or done == self.total_steps:
-                last_loss = self._log_window(writer, done, window, last_stats)
+                last_loss = self._log_window(writer, done, window, step_stats)
             if cfg.eval.every and done % cfg.eval.every == 0 and done != self.total_steps:
                 self.evaluate(writer, done)
             if (cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or done == self.total_steps:
@@ -250,7 +253,7 @@ class Trainer:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
-    def _log_window(self, writer: MetricsWriter, step: int, w: dict[str, Any], stats) -> float:
+    def _log_window(self, writer: MetricsWriter, step: int, w: dict[str, Any], stats: list) -> float:
         loss_sum, scored, tokens, skipped = dist_utils.all_sum(
             [w["loss_sum"], w["scored"], w["tokens"], w["skipped"]], self.device)
         elapsed = max(time.time() - w["t0"], 1e-9)
@@ -261,11 +264,14 @@ class Trainer:
         norm = self.engine.grad_norm()
         if norm is not None:
             values["grad_norm"] = norm
-        if stats is not None:
-            values.update(stats.summary())
-        engrams = next((m.state for m in self.memories if m is not None and hasattr(m, "state")), None)
-        if engrams is not None:  # O(C^2) per row: only at logging steps
-            values.update({f"memory/graph_{k}": float(v.mean()) for k, v in graph_stats(engrams).items()})
+        # memory statistics of this step, averaged over every micro-batch slot of rank 0
+        summaries = [s.summary() for s in stats]
+        for key in summaries[0] if summaries else ():
+            finite = [x[key] for x in summaries if x[key] == x[key]]
+            values[key] = sum(finite) / len(finite) if finite else float("nan")
+        graphs = [graph_stats(m.state) for m in self.memories if m is not None and hasattr(m, "state")]
+        for key in graphs[0] if graphs else ():  # O(C^2) per row: only at logging steps
+            values[f"memory/graph_{key}"] = float(torch.cat([g[key] for g in graphs]).mean())
         writer.log(step, values)
         w.update(loss_sum=0.0, scored=0.0, tokens=0.0, skipped=0.0, t0=time.time(), steps=0)
         return loss
@@ -291,12 +297,15 @@ class Trainer:
             results.append(result)
         for name in [] if self.sorting else cfg.eval.protocols:
             protocol = protocol_from_name(name, cfg.data.segment_length, streams, cfg.eval.reset)
+            trace = self._trace(name) if step == self.total_steps else None
             result = evaluate_lm(
                 self.model, corpus, protocol, model_name=f"{cfg.model.backbone}:{cfg.model.preset}@step{step}",
                 rank=self.info.rank, world_size=self.info.world_size, device=self.device,
-                max_steps=cfg.eval.max_steps, progress=False,
+                max_steps=cfg.eval.max_steps, progress=False, on_step=trace,
                 output_path=str(self._eval_dir() / f"step_{step:08d}_{name}.json") if self.info.is_main else None,
             )
+            if trace is not None:
+                trace.close()
             results.append(result)
             values = {"ppl": result.ppl, "nll": result.nll, "scored_tokens": result.scored_tokens}
             if result.bpc is not None:
@@ -305,6 +314,16 @@ class Trainer:
             writer.message(f"eval step {step} [{name}]: ppl {result.ppl:.3f} over {result.scored_tokens} tokens")
         self.engine.train()
         return results
+
+    def _trace(self, protocol: str):
+        """A memory trace of the final evaluation (rank 0's streams), if `eval.trace`."""
+        if not (self.cfg.eval.trace and self.info.is_main and self.memoria_config is not None):
+            return None
+        from ..analysis.trace import MemoryTrace
+
+        d = self._eval_dir()
+        return MemoryTrace(d / f"trace_{protocol}.jsonl", state_path=d / f"memory_{protocol}.pt",
+                           memoria_config=self.memoria_config, graph_every=10)
 
     def _eval_dir(self) -> Path:
         path = self.run_dir / "eval"

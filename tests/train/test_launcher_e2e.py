@@ -34,7 +34,7 @@ def _shard_tensors(path):
 
 def test_single_rank_run_leaves_a_complete_run_directory(tmp_path):
     run = tmp_path / "run"
-    proc = check(run_training(run, "checkpoint.export=true", "eval.protocols=[full, paper]"))
+    proc = check(run_training(run, "checkpoint.export=true", "eval.protocols=[full, paper]", "eval.trace=true"))
     for name in ("config.yaml", "ds_config.json", "metrics.jsonl", "summary.json"):
         assert (run / name).is_file(), name
     ds = json.loads((run / "ds_config.json").read_text())
@@ -47,6 +47,10 @@ def test_single_rank_run_leaves_a_complete_run_directory(tmp_path):
     assert evals == {"eval_full", "eval_paper"}
     # keep_last=2: checkpoints at steps 3 and 6, both complete
     assert [validate(p).step for p in sorted((run / "checkpoints").glob("step_*"))] == [3, 6]
+    # the final evaluation's memory trace and state, for launch/analyze.py
+    trace = (run / "eval" / "trace_paper.jsonl").read_text().splitlines()
+    assert len(trace) == 3 and "memory/stm" in json.loads(trace[-1])
+    assert (run / "eval" / "memory_full.pt").is_file() and (run / "eval" / "memory_paper.pt").is_file()
     summary = json.loads((run / "summary.json").read_text())
     assert {e["protocol"]["name"] for e in summary["eval"]} == {"full", "paper"}
     assert "done: 6 steps" in proc.stdout and "eval [paper] validation: ppl" in proc.stdout
