@@ -30,7 +30,7 @@ from .state import LTM, STM, MemoryState
 
 _NEG = -(1 << 30)  # "ineligible" in edge keys; stays negative after adding any int16 count * C
 _NEG_BOUND = 1 << 30  # int32 keys are used while every count * C + rank stays below this
-_CHUNK = 128  # candidates scored per matmul (keeps the gathered (B, chunk, D) block in cache)
+_CHUNK = 256  # most candidates scored per matmul (the gathered (B, chunk, D) block stays in cache)
 
 
 @dataclass
@@ -86,6 +86,7 @@ class _Rows:
     def __init__(self, state: MemoryState) -> None:
         B, C = state.batch_size, state.capacity
         self.B, self.C = B, C
+        self.state = state
         self.offset = torch.arange(B, device=state.device)[:, None] * C  # (B, 1)
         self.vectors = state.vectors.view(B * C, state.dim)
         self.sq_norms = state.sq_norms.view(B * C)
@@ -97,15 +98,18 @@ class _Rows:
 
     def score(self, slots: Tensor, wm: Tensor, wm_sq: Tensor) -> Tensor:
         """(B, K) scores of the engrams in `slots`; -inf where a slot is -1."""
-        B = self.B
-        parts = []
-        for lo in range(0, slots.shape[1], _CHUNK):
-            chunk = slots[:, lo : lo + _CHUNK]
-            flat = self.flat(chunk)
-            cand = self.vectors.index_select(0, flat).view(B, chunk.shape[1], wm.shape[2])  # (B, k, D)
-            parts.append(log_mean_similarity(cand, self.sq_norms.index_select(0, flat).view(B, chunk.shape[1]), wm, wm_sq))
-        if not parts:  # no candidates at all (e.g. K_stm = 0)
+        B, K, D = self.B, slots.shape[1], wm.shape[2]
+        if K == 0:  # no candidates at all (e.g. K_stm = 0)
             return wm.new_empty((B, 0))
+        size = -(-K // -(-K // _CHUNK))  # K split into equal chunks of at most _CHUNK
+        gathered = self.state.buffer("candidates", (B * _CHUNK, D), torch.float32)  # reused by every chunk
+        parts = []
+        for lo in range(0, K, size):
+            chunk = slots[:, lo : lo + size]
+            flat = self.flat(chunk)
+            out = gathered[: flat.numel()]
+            cand = torch.index_select(self.vectors, 0, flat, out=out).view(B, chunk.shape[1], D)  # (B, k, D)
+            parts.append(log_mean_similarity(cand, self.sq_norms.index_select(0, flat).view(B, chunk.shape[1]), wm, wm_sq))
         scores = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
         return scores.masked_fill_(slots < 0, float("-inf"))
 
@@ -183,7 +187,10 @@ def strongest_edges(rows: _Rows, walkers: Tensor, eligible_rank: Tensor, order: 
         Ties go to the most recently created engram.
     """
     C = rows.C
-    key = rows.counts.index_select(0, rows.flat(walkers)).view(*walkers.shape, C).to(eligible_rank.dtype)  # (B, W, C)
+    flat = rows.flat(walkers)
+    counts = rows.state.buffer("edge_counts", (flat.numel(), C), rows.counts.dtype)
+    key = rows.state.buffer("edge_keys", (*walkers.shape, C), eligible_rank.dtype)  # (B, W, C)
+    key.copy_(torch.index_select(rows.counts, 0, flat, out=counts).view(*walkers.shape, C))
     # key = count * C + rank: the count decides, the recency rank breaks ties, and the
     # winner's slot is decoded from its key, so a (fast, vectorised) amax does the argmax.
     # The key dtype is wide enough for every count (int32 for int16 counts, else int64).
@@ -288,8 +295,9 @@ def remind(state: MemoryState, wm: Tensor, config: MemoriaConfig) -> Retrieval:
     parts = ([cues] if config.use_stm else []) + ([ltm_slots] if config.use_ltm else [])
     reminded_slots = torch.cat(parts, dim=1) if parts else wm_slots.new_empty((B, 0))
     mask = reminded_slots >= 0
+    # a fresh tensor (the model keeps it for its backward), zeroed in place where padded
     reminded = rows.vectors.index_select(0, rows.flat(reminded_slots)).view(B, reminded_slots.shape[1], D)
-    reminded = reminded * mask[:, :, None]  # (B, R, D), zeros where padded
+    reminded.masked_fill_(~mask[:, :, None], 0.0)  # (B, R, D)
     return Retrieval(
         wm_slots=wm_slots, stm_slots=cues, ltm_slots=ltm_slots, num_found=num_found, evicted=evicted,
         reminded_slots=reminded_slots, reminded=reminded, reminded_mask=mask,

@@ -20,7 +20,7 @@ a reset row behaves exactly like a fresh one (same allocation order, same result
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -57,6 +57,16 @@ class MemoryState:
     counts: Tensor
     step: Tensor
     evictions: Tensor
+    # Scratch buffers reused by the step functions (never serialised, copied or compared):
+    # a fresh multi-MB temporary per step costs page faults that dominate small steps on CPU.
+    scratch: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        """A reusable uninitialised scratch tensor (contents undefined on return)."""
+        buf = self.scratch.get(name)
+        if buf is None or buf.shape != shape or buf.dtype != dtype or buf.device != self.device:
+            buf = self.scratch[name] = torch.empty(shape, dtype=dtype, device=self.device)
+        return buf
 
     # ----------------------------------------------------------------- construction
     @classmethod
