@@ -189,12 +189,12 @@ def strongest_edges(rows: _Rows, walkers: Tensor, eligible_rank: Tensor, order: 
     C = rows.C
     flat = rows.flat(walkers)
     counts = rows.state.buffer("edge_counts", (flat.numel(), C), rows.counts.dtype)
+    counts = torch.index_select(rows.counts, 0, flat, out=counts).view(*walkers.shape, C)  # (B, W, C)
     key = rows.state.buffer("edge_keys", (*walkers.shape, C), eligible_rank.dtype)  # (B, W, C)
-    key.copy_(torch.index_select(rows.counts, 0, flat, out=counts).view(*walkers.shape, C))
     # key = count * C + rank: the count decides, the recency rank breaks ties, and the
     # winner's slot is decoded from its key, so a (fast, vectorised) amax does the argmax.
     # The key dtype is wide enough for every count (int32 for int16 counts, else int64).
-    best = key.mul_(C).add_(eligible_rank[:, None, :]).amax(dim=2)  # (B, W)
+    best = torch.add(eligible_rank[:, None, :], counts, alpha=C, out=key).amax(dim=2)  # (B, W)
     j = order.gather(1, best.remainder(C).long())
     return torch.where((best >= C) & (walkers >= 0), j, -1)
 

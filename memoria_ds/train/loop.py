@@ -62,8 +62,11 @@ class Trainer:
         if info.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         dist_utils.barrier()
-        self.log = MetricsWriter(self.run_dir, enabled=info.is_main, total_steps=0, initial_step=0,
-                                 tensorboard=False, progress=False).message
+
+    def log(self, text: str) -> None:
+        """A message from rank 0 (before the progress bar exists)."""
+        if self.info.is_main:
+            print(text, flush=True)
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -73,6 +76,8 @@ class Trainer:
         )
         if self.resume_from is not None:
             check_compatible(self.resume_from, cfg)
+        # DeepSpeed config mistakes (batch arithmetic, fp16 on CPU) stop the run before any data work
+        self.ds_config = self._resolve_ds_config() if cfg.engine == "deepspeed" else None
 
         splits = ("train",) + ((cfg.eval.split,) if (cfg.eval.at_end or cfg.eval.every) else ())
         self.corpora = load_corpora(cfg.data, splits, info.rank)
@@ -96,7 +101,6 @@ class Trainer:
         self.vocab_size = vocab
         self.total_steps = cfg.optim.max_steps or cfg.optim.epochs * self.streams.steps_per_epoch
 
-        self.ds_config = self._resolve_ds_config() if cfg.engine == "deepspeed" else None
         zero3 = self.ds_config is not None and self.ds_config.get("zero_optimization", {}).get("stage") == 3
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         if zero3:
@@ -186,7 +190,7 @@ class Trainer:
         policy = cfg.data.reset_policy
         window = {"loss_sum": 0.0, "scored": 0.0, "tokens": 0.0, "skipped": 0.0, "t0": time.time(), "steps": 0}
         batches = iter(self.streams)
-        step_stats: list = []
+        step_stats: list = []  # the memory statistics of the step's micro-batches
         last_loss = float("nan")
         self.engine.train()
         for step in range(self.start_step, self.total_steps):
@@ -210,7 +214,7 @@ class Trainer:
                 if dist_utils.any_true(bad, self.device):
                     if cfg.optim.nan_policy == "stop":
                         raise NonFiniteLoss(
-                            f"non-finite loss at step {step} (micro-batch {j}, rank {info.rank if bad else 'another'}); "
+                            f"non-finite loss at step {step + 1} (micro-batch {j}, rank {info.rank if bad else 'another'}); "
                             f"stopped by optim.nan_policy=stop. The last good checkpoint is kept in "
                             f"{self.run_dir / 'checkpoints'}; lower optim.lr or use nan_policy=skip"
                         )
