@@ -84,13 +84,18 @@ def main() -> None:
                 runs[v].append(res)
                 print(f"round {r + 1} {v:>14}: {res['tokens_per_s']:10.1f} tokens/s ({res['windows']} windows, "
                       f"loss {res['final_loss']:.3f})", flush=True)
+    # time ratios: of the medians, and the median of each round's own ratio (the variants of
+    # a round ran back to back, so it is the steadier figure on a shared machine)
     base = statistics.median(x["tokens_per_s"] for x in runs[variants[0]])
-    summary = {"config": vars(a), "runs": runs, "ratio_to_baseline": {}}
-    print(f"\n{'variant':>14} {'median tokens/s':>16} {'time ratio':>11}")
+    summary = {"config": vars(a), "runs": runs, "ratio_to_baseline": {}, "median_round_ratio": {}}
+    print(f"\n{'variant':>14} {'median tokens/s':>16} {'time ratio':>11} {'per-round ratios':>24} {'median':>7}")
     for v in variants:
         med = statistics.median(x["tokens_per_s"] for x in runs[v])
+        rounds = [b["tokens_per_s"] / x["tokens_per_s"] for b, x in zip(runs[variants[0]], runs[v])]
         summary["ratio_to_baseline"][v] = base / med
-        print(f"{v:>14} {med:16.1f} {base / med:11.3f}")
+        summary["median_round_ratio"][v] = statistics.median(rounds)
+        per_round = " ".join(f"{x:.3f}" for x in rounds)
+        print(f"{v:>14} {med:16.1f} {base / med:11.3f} {per_round:>24} {statistics.median(rounds):7.3f}")
     if a.json:
         Path(a.json).write_text(json.dumps(summary, indent=1))
 

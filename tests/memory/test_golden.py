@@ -495,7 +495,7 @@ def test_int32_counts_compare_exactly_in_the_search():
     # Count[s, l_old] = 70,000,000 > Count[s, l_new] = 69,000,000 -> l_old (uid 0).
     # (Found failing on 0c52f6c: the search's int32 key `count * C + rank` clamps counts at
     # 2**30 // C - 1 = 67,108,863 for C = 16, so both counts compare equal and recency picks
-    # l_new. The threshold is 508,399 at the default capacity 2112: unrealistic, but the
+    # l_new. The threshold is 645,276 at the default capacity 1664: unrealistic, but the
     # int32 option promises exact counts.)
     cfg = config(num_stm_reminded=1, num_ltm_reminded=1, search_depth=0, count_dtype="int32")
     engrams = [(0, LTM, 5.0, (0.0, 0.0)), (2, LTM, 5.0, (7.0, 7.0)), (4, STM, 5.0, (0.0, 1.0))]
