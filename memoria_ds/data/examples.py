@@ -16,7 +16,7 @@ streams.py, so a training loop and the evaluation treat both the same way.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import datasets
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from memoria_ds.data.batch import IGNORE_INDEX, StreamBatch
+from memoria_ds.data.cursor import EpochCursor
 from memoria_ds.data.sorting import sorting_sequence
 
 _STATE_FORMAT = "memoria_ds.example_streams/1"
@@ -40,7 +41,7 @@ def _aligned_transform(row: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(row["input_ids"], np.int64), np.asarray(row["targets"], np.int64)
 
 
-class ExampleStreams:
+class ExampleStreams(EpochCursor):
     """Examples of one length, B_global at a time, fed as consecutive segments.
 
     Args:
@@ -99,9 +100,6 @@ class ExampleStreams:
     def steps_per_epoch(self) -> int:
         return self.num_batches * self.segments_per_example
 
-    def __len__(self) -> int:
-        return self.steps_per_epoch
-
     def _order(self, epoch: int) -> np.ndarray:
         if not self.shuffle:
             return np.arange(len(self.dataset))
@@ -154,18 +152,6 @@ class ExampleStreams:
             global_step=epoch * self.steps_per_epoch + step,
         )
 
-    def __iter__(self) -> Iterator[StreamBatch]:
-        self._normalise()
-        while self._step < self.steps_per_epoch:
-            out = self.batch_at(self._epoch, self._step)
-            self._step += 1
-            yield out
-        self._normalise()
-
-    def _normalise(self) -> None:
-        if self._step >= self.steps_per_epoch:
-            self._epoch, self._step = self._epoch + 1, 0
-
     def state_dict(self) -> dict[str, Any]:
         """Position and layout (JSON-serialisable)."""
         self._normalise()
@@ -192,5 +178,4 @@ class ExampleStreams:
                 raise ValueError(f"example-stream state has {key} = {state.get(key)!r}, these streams {mine[key]!r}")
         if not 0 <= int(state["step"]) <= self.steps_per_epoch:
             raise ValueError(f"step {state['step']} is outside the epoch")
-        self._epoch, self._step = int(state["epoch"]), int(state["step"])
-        self._normalise()
+        self.set_position(int(state["epoch"]), int(state["step"]))

@@ -35,7 +35,6 @@ cut points, changes from epoch to epoch (seeded by `seed` and the epoch).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -43,6 +42,7 @@ import numpy as np
 import torch
 
 from memoria_ds.data.batch import IGNORE_INDEX, StreamBatch
+from memoria_ds.data.cursor import EpochCursor
 from memoria_ds.data.token_corpus import TokenCorpus
 
 Tail = Literal["pad", "drop"]
@@ -146,7 +146,7 @@ class _EpochOrder:
         return -1
 
 
-class TokenStreams:
+class TokenStreams(EpochCursor):
     """B_global contiguous streams of a `TokenCorpus`, as seen by one data-parallel rank.
 
     Iterating yields the remaining `StreamBatch`es of the current epoch and then moves to
@@ -201,9 +201,6 @@ class TokenStreams:
     def steps_per_epoch(self) -> int:
         return self.layout.steps_per_epoch
 
-    def __len__(self) -> int:
-        return self.steps_per_epoch
-
     def _epoch_order(self, epoch: int) -> _EpochOrder:
         if self._order is None or self._order[0] != epoch:
             perm = None
@@ -253,37 +250,7 @@ class TokenStreams:
             global_step=epoch * self.steps_per_epoch + step,
         )
 
-    def __iter__(self) -> Iterator[StreamBatch]:
-        self._normalise()
-        while self._step < self.steps_per_epoch:
-            batch = self.batch_at(self._epoch, self._step)
-            self._step += 1
-            yield batch
-        self._normalise()
-
     # ------------------------------------------------------------------ state
-
-    @property
-    def epoch(self) -> int:
-        self._normalise()
-        return self._epoch
-
-    @property
-    def step(self) -> int:
-        """The step the next batch will have."""
-        self._normalise()
-        return self._step
-
-    def _normalise(self) -> None:
-        if self._step >= self.steps_per_epoch:
-            self._epoch, self._step = self._epoch + 1, 0
-
-    def set_position(self, epoch: int, step: int) -> None:
-        """Jump to (epoch, step): the next batch yielded is that one."""
-        if epoch < 0 or not 0 <= step <= self.steps_per_epoch:
-            raise ValueError(f"no position (epoch {epoch}, step {step}) in {self.steps_per_epoch} steps/epoch")
-        self._epoch, self._step = epoch, step
-        self._normalise()
 
     def state_dict(self) -> dict[str, Any]:
         """Every stream's position and the layout it belongs to (JSON-serialisable)."""

@@ -68,6 +68,22 @@ def test_resume_and_shuffle(sorting) -> None:
     assert not torch.equal(reference[0].input_ids, reference[len(ref)].input_ids), "a new order each epoch"
 
 
+def test_position_jumps_and_rolls_over_like_token_streams(sorting) -> None:
+    streams = ExampleStreams(sorting, batch_size=2, segment_length=16, shuffle=True, seed=3)
+    assert len(streams) == 12 and (streams.epoch, streams.step) == (0, 0)
+    streams.set_position(2, 11)  # the last step of epoch 2
+    first, second = list(streams)[0], next(iter(streams))
+    assert (first.epoch, first.step) == (2, 11) and torch.equal(first.input_ids, streams.batch_at(2, 11).input_ids)
+    assert (second.epoch, second.step) == (3, 0)
+    streams.set_position(1, 12)  # the end of epoch 1 is the start of epoch 2
+    assert (streams.epoch, streams.step) == (2, 0)
+    with pytest.raises(ValueError, match="no position"):
+        streams.set_position(0, 13)
+    state = streams.state_dict() | {"step": 40}
+    with pytest.raises(ValueError, match="outside the epoch"):
+        streams.load_state_dict(state)
+
+
 def test_aligned_columns_and_mismatched_lengths() -> None:
     ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5, 6]], "targets": [[2, 3, -100], [5, 6, -100]]})
     b = ExampleStreams(ds, batch_size=2, segment_length=2).batch_at(0, 1)
