@@ -53,7 +53,7 @@ def test_generate_advances_the_given_memory(make_model):
 def test_beams_and_several_sequences(make_model):
     model = make_model("memoria", memory_init="random")
     out = model.generate(_prompt(), segment_length=S, max_new_tokens=3, num_beams=2, num_return_sequences=2)
-    assert out.shape == (4, 37)
+    assert out.shape == (4, 37) and torch.equal(out[:, :34], _prompt()[[0, 0, 1, 1]])
     sampled = model.generate(_prompt(), segment_length=S, max_new_tokens=3, do_sample=True, num_return_sequences=3)
     assert sampled.shape == (6, 37) and torch.equal(sampled[:3, :34], _prompt()[[0, 0, 0]])
 
