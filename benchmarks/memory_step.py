@@ -12,6 +12,9 @@ engrams and random softmax contribution weights (64 query rows averaged, as in
 shared/anchors/official_memoria_step.py), 2 CPU threads. Reported per implementation:
 median step time over the second half (memory full), over the first half, peak RSS.
 
+`--phases` times memoria_ds's step phase by phase (the engine's stage functions called one
+by one, as `remind` and `memorize` call them) and prints the median of each.
+
 `--device cuda` times memoria_ds alone on a GPU with CUDA synchronisation (the authors'
 package is not timed there). `--worker ours|official` runs one measurement (used by the
 driver; handy for profiling).
@@ -68,6 +71,49 @@ def run_ours(a: argparse.Namespace) -> dict:
     if device.type == "cuda":
         result["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return result
+
+
+def run_phases(a: argparse.Namespace) -> dict:
+    """Median wall time (ms) of each stage of memoria_ds's step, over the second half of the run."""
+    from memoria_ds.memory import MemoriaConfig, MemoryState, memorize
+    from memoria_ds.memory import retrieve as R
+    from memoria_ds.memory.memorize import write_working_memory
+
+    device = torch.device(a.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    cfg = MemoriaConfig(
+        num_wm=a.num_wm, num_stm_reminded=a.num_stm_rem, num_ltm_reminded=a.num_ltm_rem,
+        stm_capacity=a.stm_capacity, initial_lifespan=a.initial_lifespan, alpha=a.alpha,
+        search_depth=a.depth, search=a.search, count_dtype=a.count_dtype,
+    )
+    torch.manual_seed(a.seed)
+    state = MemoryState.empty(cfg, a.batch_size, a.hidden, device=device)
+    times: dict[str, list[float]] = {}
+
+    def timed(name, fn, *args):
+        sync()
+        t0 = time.perf_counter()
+        out = fn(*args)
+        sync()
+        times.setdefault(name, []).append(time.perf_counter() - t0)
+        return out
+
+    for _ in range(a.steps):
+        wm = torch.randn(a.batch_size, a.num_wm, a.hidden, device=device)
+        rank, order = timed("recency order", R.recency_order, state.uid)
+        wm_slots, evicted = timed("write working memory", write_working_memory, state, wm, rank, cfg)
+        wm_sq = state.sq_norms.gather(1, wm_slots)
+        rows = R._Rows(state)
+        cues = timed("STM score + pick", R.remind_stm, state, rows, wm, wm_sq, cfg)
+        ltm, found = timed("LTM search + score + pick", R.remind_ltm, state, rows, wm, wm_sq, cues, rank, order, cfg)
+        slots = torch.cat([cues, ltm], dim=1)
+        mask = slots >= 0
+        reminded = rows.vectors.index_select(0, rows.flat(slots)).view(a.batch_size, slots.shape[1], a.hidden)
+        retrieval = R.Retrieval(wm_slots, cues, ltm, found, evicted, slots, reminded, mask)
+        weights = _load_weights(a.batch_size, a.queries, mask, None)
+        timed("memorize", memorize, state, retrieval, weights, cfg)
+    half = a.steps // 2
+    return {name: 1e3 * statistics.median(t[half:]) for name, t in times.items()}
 
 
 def run_official(a: argparse.Namespace) -> dict:
@@ -137,10 +183,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1, help="alternating runs of each implementation")
     p.add_argument("--skip-official", action="store_true", help="time memoria_ds only")
     p.add_argument("--worker", choices=["ours", "official"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--phases", action="store_true", help="time memoria_ds's step phase by phase")
     p.add_argument("--json", default=None, help="also write all results here")
     a = p.parse_args()
 
     torch.set_num_threads(a.threads)
+    if a.phases:
+        phases = run_phases(a)
+        for name, ms in phases.items():
+            print(f"{name:>26}: {ms:7.3f} ms")
+        print(f"{'sum':>26}: {sum(phases.values()):7.3f} ms")
+        return
     if a.worker is not None:
         a.initial_lifespan = int(a.initial_lifespan) if a.worker == "official" else a.initial_lifespan
         print(json.dumps(run_ours(a) if a.worker == "ours" else run_official(a)))
