@@ -13,7 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..data.corpora import CORPORA
 from ..data.reset import ResetPolicy
+from ..memory import MemoriaConfig
+from ..model.config import resolve_preset
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
@@ -41,6 +44,12 @@ class ModelSection:
     settings: dict = field(default_factory=dict)
     gradient_checkpointing: bool = False
     attn_implementation: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        # the preset and the memory settings fail here, before any data or model work
+        values = resolve_preset(self.preset, **self.settings)  # unknown preset: ValueError naming the known ones
+        if values.get("memoria"):
+            MemoriaConfig.from_dict(values["memoria"])
 
 
 @dataclass
@@ -103,6 +112,13 @@ class DataSection:
                                                      "num_test": 1_000, "seed": 0})
 
     def __post_init__(self) -> None:
+        corpora = sorted(CORPORA) + ["files", "sorting"]
+        if self.corpus not in corpora:
+            raise ValueError(
+                f"unknown `data.corpus` {self.corpus!r}; choose from {corpora}. For your own files use "
+                "data.corpus=files with data.files='{train: [a.txt], validation: [b.txt]}'; for a local copy "
+                "of a named corpus, data.path=DIR"
+            )
         known = {"num_segments", "num_train", "num_validation", "num_test", "seed"}
         if set(self.sorting) - known:
             raise ValueError(f"unknown `data.sorting` setting(s) {sorted(set(self.sorting) - known)}; known: {sorted(known)}")

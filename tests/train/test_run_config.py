@@ -1,0 +1,40 @@
+"""RunConfig: the run's own cross-field checks fail at load time, before any data or model work."""
+
+import pytest
+
+from memoria_ds.train.config import RunConfig
+from memoria_ds.train.typed import ConfigError, load
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["model.preset=memorio"], r"unknown preset 'memorio'; known: \['memoria', 'memoria_fast'"),
+        (["model.settings.memoria={num_wm: 0}"], r"`num_wm` \(0\) must be at least 1"),
+        (["model.settings.memoria={stm_capacity: 10}"], r"stm_capacity.*at least.*num_stm_reminded"),
+        (["model.settings.memoria={num_wn: 4}"], r"unknown Memoria setting\(s\) \['num_wn'\]"),
+        (["data.corpus=/data/my.txt"], r"unknown `data.corpus` '/data/my.txt'.*data.corpus=files"),
+        (["data.corpus=wikitext"], r"choose from \['bundled', 'enwik8', 'pg19', 'wikitext103', 'files', 'sorting'\]"),
+        (["data.corpus=files"], r"needs `data.files`"),
+    ],
+)
+def test_mistakes_are_caught_when_the_config_loads(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load(RunConfig, None, overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["model.preset=transformer"],
+        ["model.preset=memoria_fast", "model.settings.memoria={num_wm: 16, num_stm_reminded: 16, stm_capacity: 128}"],
+        ["data.corpus=sorting"],
+        ["data.corpus=files", "data.files={train: [a.txt]}"],
+    ],
+)
+def test_valid_settings_load(overrides):
+    cfg = load(RunConfig, None, overrides)
+    assert cfg.model.settings.get("memoria", {}) == (
+        {"num_wm": 16, "num_stm_reminded": 16, "stm_capacity": 128} if "memoria_fast" in str(overrides) else {}
+    )
