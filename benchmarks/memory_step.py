@@ -42,8 +42,9 @@ def _load_weights(batch: int, queries: int, mask: torch.Tensor, gen: torch.Gener
     return torch.softmax(logits, dim=-1).nan_to_num(0.0).mean(dim=1)
 
 
-def run_ours(a: argparse.Namespace) -> dict:
-    from memoria_ds.memory import MemoriaConfig, MemoryState, memorize, remind
+def _setup(a: argparse.Namespace):
+    """The memory settings of the load, a fresh seeded state, its device, and a device sync."""
+    from memoria_ds.memory import MemoriaConfig, MemoryState
 
     device = torch.device(a.device)
     cfg = MemoriaConfig(
@@ -54,6 +55,13 @@ def run_ours(a: argparse.Namespace) -> dict:
     torch.manual_seed(a.seed)
     state = MemoryState.empty(cfg, a.batch_size, a.hidden, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    return cfg, state, device, sync
+
+
+def run_ours(a: argparse.Namespace) -> dict:
+    from memoria_ds.memory import memorize, remind
+
+    cfg, state, device, sync = _setup(a)
     times, engrams = [], 0.0
     for _ in range(a.steps):
         wm = torch.randn(a.batch_size, a.num_wm, a.hidden, device=device)
@@ -75,19 +83,11 @@ def run_ours(a: argparse.Namespace) -> dict:
 
 def run_phases(a: argparse.Namespace) -> dict:
     """Median wall time (ms) of each stage of memoria_ds's step, over the second half of the run."""
-    from memoria_ds.memory import MemoriaConfig, MemoryState, memorize
+    from memoria_ds.memory import memorize
     from memoria_ds.memory import retrieve as R
     from memoria_ds.memory.memorize import write_working_memory
 
-    device = torch.device(a.device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    cfg = MemoriaConfig(
-        num_wm=a.num_wm, num_stm_reminded=a.num_stm_rem, num_ltm_reminded=a.num_ltm_rem,
-        stm_capacity=a.stm_capacity, initial_lifespan=a.initial_lifespan, alpha=a.alpha,
-        search_depth=a.depth, search=a.search, count_dtype=a.count_dtype,
-    )
-    torch.manual_seed(a.seed)
-    state = MemoryState.empty(cfg, a.batch_size, a.hidden, device=device)
+    cfg, state, device, sync = _setup(a)
     times: dict[str, list[float]] = {}
 
     def timed(name, fn, *args):

@@ -24,17 +24,17 @@ def test_mistakes_are_caught_when_the_config_loads(overrides, message):
 
 
 @pytest.mark.parametrize(
-    "overrides",
+    "overrides,preset,memoria",
     [
-        [],
-        ["model.preset=transformer"],
-        ["model.preset=memoria_fast", "model.settings.memoria={num_wm: 16, num_stm_reminded: 16, stm_capacity: 128}"],
-        ["data.corpus=sorting"],
-        ["data.corpus=files", "data.files={train: [a.txt]}"],
+        ([], "memoria", {}),
+        (["model.preset=transformer"], "transformer", {}),
+        (["model.preset=memoria_fast", "model.settings.memoria={num_wm: 16, num_stm_reminded: 16, stm_capacity: 128}"],
+         "memoria_fast", {"num_wm": 16, "num_stm_reminded": 16, "stm_capacity": 128}),
+        (["data.corpus=sorting"], "memoria", {}),
+        (["data.corpus=files", "data.files={train: [a.txt]}"], "memoria", {}),
     ],
 )
-def test_valid_settings_load(overrides):
+def test_valid_settings_load_unchanged(overrides, preset, memoria):
+    # the early check validates the merged settings without writing them back
     cfg = load(RunConfig, None, overrides)
-    assert cfg.model.settings.get("memoria", {}) == (
-        {"num_wm": 16, "num_stm_reminded": 16, "stm_capacity": 128} if "memoria_fast" in str(overrides) else {}
-    )
+    assert cfg.model.preset == preset and cfg.model.settings.get("memoria", {}) == memoria
