@@ -104,7 +104,7 @@ def run_phases(a: argparse.Namespace) -> dict:
         wm_slots, evicted = timed("write working memory", write_working_memory, state, wm, rank, cfg)
         wm_sq = state.sq_norms.gather(1, wm_slots)
         rows = R._Rows(state)
-        cues = timed("STM score + pick", R.remind_stm, state, rows, wm, wm_sq, cfg)
+        cues = timed("STM score + pick", R.remind_stm, state, rows, wm, wm_sq, rank, cfg)
         ltm, found = timed("LTM search + score + pick", R.remind_ltm, state, rows, wm, wm_sq, cues, rank, order, cfg)
         slots = torch.cat([cues, ltm], dim=1)
         mask = slots >= 0
