@@ -23,6 +23,7 @@ from memoria_ds.memory import (
     memorize,
     remind,
 )
+from memoria_ds.memory.retrieve import top_by_score
 
 
 @pytest.fixture(autouse=True)
@@ -139,6 +140,20 @@ def test_stm_score_ties_go_to_the_newest():
     state = build(cfg, [(0, STM, 5.0, (1.0, 1.0)), (2, STM, 5.0, (1.0, 1.0)), (1, STM, 5.0, (1.0, 1.0))])
     r = remind(state, wm((0.0, 0.0), (0.0, 0.0)), cfg)
     assert uids(state, r.stm_slots) == [2]
+
+
+def test_top_by_score_matches_a_plain_sort_with_negative_zero_and_infinite_scores():
+    # the pick's int64 key must order exactly like (score, recency) compared as numbers:
+    # negative and positive scores, -0.0 == +0.0 (a tie), exact ties, -inf padding
+    gen = torch.Generator().manual_seed(0)
+    pool = torch.tensor([-3.5, -1.0, -1e-30, -0.0, 0.0, 1e-30, 2.0, 7.25, float("-inf")])
+    scores = pool[torch.randint(0, len(pool), (6, 40), generator=gen)]
+    ranks = torch.stack([torch.randperm(40, generator=gen) for _ in range(6)]).to(torch.int32)
+    pos, real = top_by_score(scores, ranks, 12)
+    for b in range(6):
+        plain = sorted(range(40), key=lambda i: (float(scores[b, i]), int(ranks[b, i])), reverse=True)[:12]
+        assert pos[b].tolist() == plain
+        assert real[b].tolist() == [float(scores[b, i]) > float("-inf") for i in plain]
 
 
 def test_stm_with_fewer_engrams_than_k_reminds_them_all_and_pads():
