@@ -106,11 +106,8 @@ def run_phases(a: argparse.Namespace) -> dict:
         rows = R._Rows(state)
         cues = timed("STM score + pick", R.remind_stm, state, rows, wm, wm_sq, rank, cfg)
         ltm, found = timed("LTM search + score + pick", R.remind_ltm, state, rows, wm, wm_sq, cues, rank, order, cfg)
-        slots = torch.cat([cues, ltm], dim=1)
-        mask = slots >= 0
-        reminded = rows.vectors.index_select(0, rows.flat(slots)).view(a.batch_size, slots.shape[1], a.hidden)
-        retrieval = R.Retrieval(wm_slots, cues, ltm, found, evicted, slots, reminded, mask)
-        weights = _load_weights(a.batch_size, a.queries, mask, None)
+        retrieval = timed("assemble M_rem", R.assemble, rows, wm_slots, evicted, cues, ltm, found, cfg)
+        weights = _load_weights(a.batch_size, a.queries, retrieval.reminded_mask, None)
         timed("memorize", memorize, state, retrieval, weights, cfg)
     half = a.steps // 2
     return {name: 1e3 * statistics.median(t[half:]) for name, t in times.items()}

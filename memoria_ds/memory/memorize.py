@@ -64,7 +64,8 @@ def write_working_memory(state: MemoryState, wm: Tensor, rank: Tensor, config: M
     taken_key, slots = key.topk(N, dim=1, largest=False, sorted=True)  # (B, N)
     evicted = ((taken_key >= _TIER_LTM) & (taken_key < _TIER_NEVER)).sum(dim=1)
 
-    flat = (slots + torch.arange(B, device=state.device)[:, None] * C).reshape(-1)  # (B*N,)
+    row = torch.arange(B, device=state.device)[:, None]  # (B, 1)
+    flat = (slots + row * C).reshape(-1)  # (B*N,)
     state.vectors.view(B * C, D).index_copy_(0, flat, wm.reshape(B * N, D))
     state.sq_norms.view(-1).index_copy_(0, flat, wm.square().sum(dim=-1).reshape(-1))
     state.kind.scatter_(1, slots, WM)
@@ -75,7 +76,7 @@ def write_working_memory(state: MemoryState, wm: Tensor, rank: Tensor, config: M
     # and their columns, counts[b, :, slots[b, n]]: indexing dims 0 and 2 around a full slice
     # is one offset per (b, n) and a strided run over the rows (a scatter_ with a (B, C, N)
     # index is 4-8x slower); every write is 0, so the order of writes cannot matter
-    state.counts[torch.arange(B, device=state.device)[:, None], :, slots] = 0
+    state.counts[row, :, slots] = 0
     state.evictions.add_(evicted)
     return slots, evicted
 

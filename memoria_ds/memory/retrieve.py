@@ -267,6 +267,33 @@ def remind_ltm(
 
 
 # --------------------------------------------------------------------------- the whole retrieve stage
+def assemble(
+    rows: _Rows, wm_slots: Tensor, evicted: Tensor, cues: Tensor, ltm_slots: Tensor, num_found: Tensor,
+    config: MemoriaConfig,
+) -> Retrieval:
+    """SPEC step 7: `M_rem` = STM reminded (if `use_stm`) then LTM reminded (if `use_ltm`).
+
+    Gathers the reminded vectors into a fresh tensor (the model keeps it for its backward)
+    with zeros where padded. The padded rows are zeroed by index_fill_ with a static-size
+    index: a real row's entry points at one spare row past the end, so no data-dependent
+    shape is made (and no 0 * NaN: a broadcast masked_fill_ is ~4x slower, a multiply
+    would keep NaN).
+    """
+    B, D = rows.B, rows.vectors.shape[1]
+    parts = ([cues] if config.use_stm else []) + ([ltm_slots] if config.use_ltm else [])
+    reminded_slots = torch.cat(parts, dim=1) if parts else wm_slots.new_empty((B, 0))
+    mask = reminded_slots >= 0
+    R = reminded_slots.shape[1]
+    gathered = rows.vectors.new_empty((B * R + 1, D))
+    torch.index_select(rows.vectors, 0, rows.flat(reminded_slots), out=gathered[: B * R])
+    spare = torch.arange(B * R, device=mask.device).masked_fill_(mask.view(-1), B * R)
+    reminded = gathered.index_fill_(0, spare, 0.0)[: B * R].view(B, R, D)  # (B, R, D)
+    return Retrieval(
+        wm_slots=wm_slots, stm_slots=cues, ltm_slots=ltm_slots, num_found=num_found, evicted=evicted,
+        reminded_slots=reminded_slots, reminded=reminded, reminded_mask=mask,
+    )
+
+
 @torch.no_grad()
 def remind(state: MemoryState, wm: Tensor, config: MemoriaConfig) -> Retrieval:
     """Write this step's working memory into `state` and retrieve `M_rem` (SPEC steps 1-7).
@@ -307,19 +334,4 @@ def remind(state: MemoryState, wm: Tensor, config: MemoriaConfig) -> Retrieval:
         ltm_slots = wm_slots.new_full((B, config.num_ltm_reminded if config.use_ltm else 0), -1)
         num_found = torch.zeros(B, dtype=torch.long, device=wm.device)
 
-    parts = ([cues] if config.use_stm else []) + ([ltm_slots] if config.use_ltm else [])
-    reminded_slots = torch.cat(parts, dim=1) if parts else wm_slots.new_empty((B, 0))
-    mask = reminded_slots >= 0
-    # a fresh tensor (the model keeps it for its backward) with zeros where padded. The
-    # padded rows are zeroed by index_fill_ with a static-size index: a real row's entry
-    # points at one spare row past the end, so no data-dependent shape is made (and no
-    # 0 * NaN: a broadcast masked_fill_ is ~4x slower, a multiply would keep NaN).
-    R = reminded_slots.shape[1]
-    gathered = rows.vectors.new_empty((B * R + 1, D))
-    torch.index_select(rows.vectors, 0, rows.flat(reminded_slots), out=gathered[: B * R])
-    spare = torch.arange(B * R, device=wm.device).masked_fill_(mask.view(-1), B * R)
-    reminded = gathered.index_fill_(0, spare, 0.0)[: B * R].view(B, R, D)  # (B, R, D)
-    return Retrieval(
-        wm_slots=wm_slots, stm_slots=cues, ltm_slots=ltm_slots, num_found=num_found, evicted=evicted,
-        reminded_slots=reminded_slots, reminded=reminded, reminded_mask=mask,
-    )
+    return assemble(rows, wm_slots, evicted, cues, ltm_slots, num_found, config)
