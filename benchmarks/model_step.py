@@ -13,9 +13,11 @@ Shapes (random weights; only the shapes matter for timing):
     gpt2        12 x 768, 12 heads        gpt2-large  36 x 1280, 20 heads
 
 Variants (`--variants`, comma separated): `transformer` (the plain backbone, the
-reference of every ratio), `xl`, `memoria` (the faithful default: sequential memory
-attention at full width in every block), `memoria_parallel`, `memoria_fast` (the
-`memoria_fast` preset), and `memoria_layers=K` (faithful attention in every K-th block).
+reference of every ratio), `xl`, `memoria` (the default: the authors' sequential block,
+memory attention at 1/8 of the width, every block), `memoria_fast` (the `memoria_fast`
+preset: one query and one output projection for both uses), `memoria_full_width` (the
+authors' width), `memoria_width=R` (the default block at width R * n_embd) and
+`memoria_layers=K` (the default block in every K-th block only).
 
 The memory has the paper's WikiText-103 settings (N_wm = K_stm = K_ltm = 50, C_stm =
 400). Before timing, `--prefill` engine steps with random engrams bring each Memoria
@@ -61,15 +63,11 @@ def variant_settings(name: str) -> tuple[str, dict]:
     if name.startswith("memoria_layers="):
         k = int(name.split("=", 1)[1])
         return "memoria", {"memory_layers_every": k}
-    presets = {
-        "transformer": ("transformer", {}),
-        "xl": ("xl", {}),
-        "memoria": ("memoria", {}),
-        "memoria_parallel": ("memoria", {"memory_attention_mode": "parallel"}),
-        "memoria_fast": ("memoria_fast", {}),
-    }
+    if name.startswith("memoria_width="):
+        return "memoria", {"memory_inner_dim_ratio": float(name.split("=", 1)[1])}
+    presets = {name: (name, {}) for name in ("transformer", "xl", "memoria", "memoria_fast", "memoria_full_width")}
     if name not in presets:
-        raise SystemExit(f"unknown variant {name!r}; known: {sorted(presets)} or memoria_layers=K")
+        raise SystemExit(f"unknown variant {name!r}; known: {sorted(presets)}, memoria_layers=K or memoria_width=R")
     return presets[name]
 
 
@@ -186,7 +184,7 @@ def main() -> None:
     p.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--segment", type=int, default=150)
-    p.add_argument("--variants", default="transformer,xl,memoria,memoria_parallel,memoria_fast")
+    p.add_argument("--variants", default="transformer,xl,memoria,memoria_fast,memoria_full_width")
     p.add_argument("--rounds", type=int, default=10, help="timed steps per variant (interleaved)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--prefill", type=int, default=40, help="engine steps that fill the memory before timing")

@@ -56,7 +56,7 @@ def run_variant(preset: str, a: argparse.Namespace, workdir: Path, port: int) ->
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--variants", default="transformer,memoria,memoria_fast",
+    p.add_argument("--variants", default="transformer,memoria,memoria_full_width",
                    help="model presets; the first is the baseline of the ratios")
     p.add_argument("--shape", default="small", choices=sorted(SHAPES))
     p.add_argument("--corpus", default="bundled")

@@ -38,10 +38,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     "memoria_wm": {"memory_type": "memoria", "memoria": {"use_stm": False, "use_ltm": False}},
     "memoria_wm_stm": {"memory_type": "memoria", "memoria": {"use_ltm": False}},
     "memoria": {"memory_type": "memoria"},
-    # The measured-fast variant (docs/model.md, docs/benchmarks.md "Model step"): one shared
-    # query for both uses, one output projection, memory attention at a quarter width.
-    "memoria_fast": {"memory_type": "memoria", "memory_attention_mode": "parallel", "memory_inner_dim_ratio": 0.25},
+    # The authors' width: the memory attention's q/k/v as wide as the model (their code, and
+    # what the paper's numbers were measured with; the reproduction launchers use it).
+    "memoria_full_width": {"memory_type": "memoria", "memory_inner_dim_ratio": 1.0},
+    # One layer norm and one query for both uses, one output projection (docs/model.md).
+    "memoria_fast": {"memory_type": "memoria", "memory_attention_mode": "parallel"},
 }
+
+# Default width of the memory attention's q/k/v, as a fraction of n_embd. The authors' code
+# uses the full width, which costs 1.38x (gpt2) to 1.48x (gpt2-large) the backbone's FLOPs;
+# an eighth costs 1.07x there, and kept 81% of the full width's gain from memory in the
+# quality probe of docs/benchmarks.md ("Memory attention width").
+DEFAULT_MEMORY_WIDTH_RATIO = 0.125
 
 # Keys of a backbone config that describe a checkpoint, not the architecture.
 _NOT_ARCHITECTURE = {
@@ -68,9 +76,12 @@ class MemoriaGPT2Config(GPT2Config):
         memory_layers: blocks (0-based) that get a memory cross-attention; `None` = every
             block, as the authors' code does.
         memory_heads: heads of the memory cross-attention; `None` = `n_head`.
-        memory_inner_dim: width of its q/k/v; `None` = `n_embd` (the faithful default).
-        memory_inner_dim_ratio: alternative to `memory_inner_dim`: a fraction of `n_embd`
-            (rounded to a multiple of `memory_heads`). Ignored when `memory_inner_dim` is set.
+        memory_inner_dim: width of its q/k/v (a multiple of `memory_heads`); overrides
+            `memory_inner_dim_ratio` when set.
+        memory_inner_dim_ratio: the width as a fraction of `n_embd`, rounded to a multiple of
+            `memory_heads`. Default 1/8 (`DEFAULT_MEMORY_WIDTH_RATIO`); 1.0 is the authors'
+            width (preset `memoria_full_width`). `None` = `n_embd` (how configs saved
+            before the default changed say full width).
         memory_attention_mode: `"sequential"` (the authors' block: self-attention -> WM
             cross-attention -> reminded-engram cross-attention -> MLP, each with its own
             pre-layer-norm and residual) or `"parallel"` (one layer norm and one query for
@@ -94,7 +105,7 @@ class MemoriaGPT2Config(GPT2Config):
     memory_layers: list[int] | None = None
     memory_heads: int | None = None
     memory_inner_dim: int | None = None
-    memory_inner_dim_ratio: float | None = None
+    memory_inner_dim_ratio: float | None = DEFAULT_MEMORY_WIDTH_RATIO
     memory_attention_mode: str = "sequential"
     memory_init: str = "noop"
     abstractor_style: str = "transformer"
@@ -228,4 +239,4 @@ def _memory_fields() -> set[str]:
     }
 
 
-__all__ = ["MemoriaGPT2Config", "PRESETS", "MEMORY_TYPES", "resolve_preset"]
+__all__ = ["MemoriaGPT2Config", "PRESETS", "MEMORY_TYPES", "DEFAULT_MEMORY_WIDTH_RATIO", "resolve_preset"]

@@ -1,5 +1,7 @@
 """Config, presets and ablations: the paper's comparisons are one config switch apart."""
 
+import json
+
 import pytest
 import torch
 from model_helpers import SMALL_MEMORIA, segments
@@ -72,10 +74,26 @@ def test_unknown_preset_lists_the_known_ones(backbone_config):
     assert {"transformer", "xl", "memoria_wm", "memoria_wm_stm", "memoria"} <= set(PRESETS)
 
 
-def test_fast_preset_width_and_mode(backbone_config):
-    cfg = MemoriaGPT2Config.from_backbone(backbone_config, "memoria_fast")
-    assert cfg.memory_attention_mode == "parallel"
-    assert cfg.resolved_memory_inner_dim == 16 and cfg.resolved_memory_inner_dim % cfg.resolved_memory_heads == 0
+def test_memory_attention_width_presets(backbone_config):
+    # the tiny backbone is 64 wide with 4 heads: default 1/8 -> 8, the authors' width -> 64
+    default = MemoriaGPT2Config.from_backbone(backbone_config, "memoria")
+    assert default.memory_attention_mode == "sequential" and default.resolved_memory_inner_dim == 8
+    fast = MemoriaGPT2Config.from_backbone(backbone_config, "memoria_fast")
+    assert fast.memory_attention_mode == "parallel" and fast.resolved_memory_inner_dim == 8
+    full = MemoriaGPT2Config.from_backbone(backbone_config, "memoria_full_width")
+    assert full.memory_attention_mode == "sequential" and full.resolved_memory_inner_dim == 64
+    # rounded to a multiple of the heads, never below one per head
+    assert MemoriaGPT2Config.from_backbone(backbone_config, memory_inner_dim_ratio=0.2).resolved_memory_inner_dim == 12
+    assert MemoriaGPT2Config.from_backbone(backbone_config, memory_inner_dim_ratio=0.01).resolved_memory_inner_dim == 4
+    assert MemoriaGPT2Config.from_backbone(backbone_config, memory_inner_dim=24).resolved_memory_inner_dim == 24
+
+
+def test_config_saved_with_the_old_full_width_default_keeps_it(backbone_config, tmp_path):
+    """Configs written before the default became 1/8 say `"memory_inner_dim_ratio": null`: full width."""
+    cfg = MemoriaGPT2Config.from_backbone(backbone_config, "memoria", memory_inner_dim_ratio=None)
+    cfg.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["memory_inner_dim_ratio"] is None
+    assert MemoriaGPT2Config.from_pretrained(tmp_path).resolved_memory_inner_dim == 64
 
 
 def test_memory_layers_choose_the_blocks(make_model):
