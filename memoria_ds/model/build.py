@@ -29,7 +29,7 @@ def build_model(
             directory saved from this class loads as it was (settings override its config).
             A `GPT2Config`: a from-scratch model with random weights.
         preset: a name from `config.PRESETS` (`"transformer"`, `"xl"`, `"memoria_wm"`,
-            `"memoria_wm_stm"`, `"memoria"`, `"memoria_fast"`).
+            `"memoria_wm_stm"`, `"memoria"`, `"memoria_full_width"`, `"memoria_fast"`).
         dtype: parameter dtype (e.g. `torch.bfloat16`); the memory state stays fp32.
         attn_implementation: `"sdpa"` (default) or `"eager"`.
         **settings: `MemoriaGPT2Config` fields (e.g. `memoria={"num_wm": 16}`,

@@ -57,7 +57,7 @@ class MemoryAttention(nn.Module):
     Args:
         dim: D, the backbone's hidden size (tokens and engrams).
         num_heads: H.
-        inner_dim: E, width of q/k/v (D in the faithful default).
+        inner_dim: E, width of q/k/v (D / 8 by default; D in the authors' code).
         mode: `"sequential"`: LN_wm -> attend WM -> residual -> LN_rem -> attend M_rem ->
             residual (the authors' block). `"parallel"`: one LN and one query serve both
             uses; the two attention outputs are summed before one output projection.

@@ -31,7 +31,8 @@ class ModelSection:
             config (override sizes in `settings`, e.g. `n_layer`).
         from_scratch: build a randomly initialised model from the backbone's config.
         preset: a comparison of the paper (`memoria_ds.model.config.PRESETS`): `memoria`,
-            `memoria_wm`, `memoria_wm_stm`, `xl`, `transformer`, `memoria_fast`.
+            `memoria_wm`, `memoria_wm_stm`, `xl`, `transformer`, `memoria_full_width`,
+            `memoria_fast`.
         settings: any other `MemoriaGPT2Config` field (`memoria: {...}` for the memory,
             `memory_layers`, `xl_memory_length`, backbone sizes for from-scratch runs).
         gradient_checkpointing: recompute backbone blocks in backward.
