@@ -33,7 +33,7 @@ import torch
 from model_step import variant_settings
 from transformers import GPT2Config
 
-from memoria_ds.model import build_model
+from memoria_ds.model import PRESETS, build_model
 
 
 def documents(n: int, a: argparse.Namespace, seed: int) -> torch.Tensor:
@@ -56,17 +56,14 @@ def bound_nll(a: argparse.Namespace) -> float:
 
 
 def make_model(name: str, a: argparse.Namespace, seed: int) -> torch.nn.Module:
-    preset, extra = variant_settings(name)
-    every = extra.pop("memory_layers_every", None)
-    if every is not None:
-        extra["memory_layers"] = list(range(every - 1, a.layers, every))
+    preset, extra = variant_settings(name, a.layers)
     backbone = GPT2Config(
         vocab_size=a.vocab, n_positions=a.segment, n_layer=a.layers, n_embd=a.width, n_head=a.heads,
         bos_token_id=0, eos_token_id=0,
     )  # fmt: skip
     memoria = {"num_wm": a.num_wm, "num_stm_reminded": a.num_wm, "num_ltm_reminded": a.num_wm}
     memoria.update(stm_capacity=4 * a.num_wm, initial_lifespan=5.0, alpha=8.0, search_depth=10)
-    if preset.startswith("memoria"):
+    if PRESETS[preset]["memory_type"] == "memoria":
         extra["memoria"] = memoria
     torch.manual_seed(seed)
     return build_model(backbone, preset, memory_init=a.init, **extra)

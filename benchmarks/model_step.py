@@ -58,26 +58,23 @@ SHAPES = {
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def variant_settings(name: str) -> tuple[str, dict]:
-    """(preset, extra settings) of a variant name."""
+def variant_settings(name: str, n_layer: int) -> tuple[str, dict]:
+    """(preset, extra `build_model` settings) of a variant name, for a backbone of `n_layer` blocks."""
     if name.startswith("memoria_layers="):
-        k = int(name.split("=", 1)[1])
-        return "memoria", {"memory_layers_every": k}
+        every = int(name.split("=", 1)[1])
+        return "memoria", {"memory_layers": list(range(every - 1, n_layer, every))}
     if name.startswith("memoria_width="):
         return "memoria", {"memory_inner_dim_ratio": float(name.split("=", 1)[1])}
-    presets = {name: (name, {}) for name in ("transformer", "xl", "memoria", "memoria_fast", "memoria_full_width")}
+    presets = ("transformer", "xl", "memoria", "memoria_fast", "memoria_full_width")
     if name not in presets:
         raise SystemExit(f"unknown variant {name!r}; known: {sorted(presets)}, memoria_layers=K or memoria_width=R")
-    return presets[name]
+    return name, {}
 
 
 def make_model(name: str, a: argparse.Namespace) -> torch.nn.Module:
-    preset, extra = variant_settings(name)
     shape = SHAPES[a.shape]
+    preset, extra = variant_settings(name, shape["n_layer"])
     backbone = GPT2Config(n_positions=1024, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **shape)
-    every = extra.pop("memory_layers_every", None)
-    if every is not None:
-        extra["memory_layers"] = list(range(every - 1, shape["n_layer"], every))
     model = build_model(backbone, preset, memory_init="random", attn_implementation=a.attn, **extra)
     return model.to(device=a.device, dtype=DTYPES[a.dtype]).train()
 
