@@ -11,7 +11,7 @@ older ones through Memoria's short- and long-term memory). The memory is reset a
 document, as in the sorting task.
 
     python benchmarks/memory_quality.py                                  # the default comparison
-    python benchmarks/memory_quality.py --variants transformer,memoria,memoria_width=0.125 --seeds 0,1,2
+    python benchmarks/memory_quality.py --variants transformer,memoria_full_width,memoria --seeds 0,1,2
 
 Every variant trains from scratch with the same data, steps and optimiser (AdamW, linear
 warm-up and decay), then is scored on the same held-out documents with its memory carried
@@ -117,7 +117,7 @@ def train_and_score(name: str, seed: int, a: argparse.Namespace, train_docs, eva
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--variants", default="transformer,xl,memoria,memoria_width=0.25,memoria_width=0.125,memoria_fast")
+    p.add_argument("--variants", default="transformer,xl,memoria_full_width,memoria_width=0.25,memoria,memoria_fast")
     p.add_argument("--seeds", default="0")
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--topic", type=int, default=32, help="topic tokens per document")
