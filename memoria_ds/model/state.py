@@ -144,11 +144,22 @@ class XLMemory:
         return self.mask.device
 
     def reset(self, mask: Tensor | None = None) -> None:
-        """Forget all rows, or the rows where the (B,) bool `mask` is True, in place."""
+        """Forget all rows, or the rows where the (B,) bool `mask` is True, in place.
+
+        The keys/values of a reset row are zeroed, not only masked: attention gives a masked
+        slot probability 0, and 0 * NaN is NaN, so a row left non-finite by a diverged step
+        (the training loop resets those without a host sync) must hold zeros, as a fresh one.
+        """
         if mask is None:
             self.mask.zero_()
-        else:
-            self.mask.masked_fill_(mask.to(self.mask.device, torch.bool)[:, None], False)
+            self.keys.zero_()
+            self.values.zero_()
+            return
+        mask = mask.to(self.mask.device, torch.bool)
+        self.mask.masked_fill_(mask[:, None], False)
+        rows = mask[:, None, None, None, None]  # (B, 1, 1, 1, 1) over (B, Y, H, M, hd)
+        self.keys.masked_fill_(rows, 0.0)
+        self.values.masked_fill_(rows, 0.0)
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "xl", "format": FORMAT, "keys": self.keys, "values": self.values, "mask": self.mask}

@@ -45,7 +45,8 @@ def parse(argv: list[str] | None, description: str, base_overrides: list[str]) -
 
 def describe_summary(summary: dict) -> str:
     """A few lines for the terminal; the whole summary is in <run_dir>/summary.json."""
-    lines = [f"done: {summary['steps']} steps, final train loss {summary['final_train_loss']:.4f}"]
+    loss = summary["final_train_loss"]
+    lines = [f"done: {summary['steps']} steps, final train loss {'n/a' if loss is None else f'{loss:.4f}'}"]
     for r in summary["eval"]:
         p = r["protocol"]
         metric = f"accuracy {r['accuracy']:.4f}" if r.get("accuracy") is not None else (
@@ -74,7 +75,10 @@ def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2"
         summary = run(cfg, info)
         if info.is_main:
             print(describe_summary(summary), flush=True)
-    except (ConfigError, CheckpointError, NonFiniteLoss) as e:
+    except ConfigError as e:  # found before training started: a mistake in the configuration
+        print(f"error (rank {info.rank}): {e}", file=sys.stderr, flush=True)
+        code = 2
+    except (CheckpointError, NonFiniteLoss) as e:
         print(f"error (rank {info.rank}): {e}", file=sys.stderr, flush=True)
         code = 1
     finally:

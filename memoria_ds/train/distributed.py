@@ -103,20 +103,20 @@ def barrier() -> None:
         dist.barrier()
 
 
-def any_true(flag: bool, device: torch.device) -> bool:
-    """True on every rank if `flag` is True on any rank."""
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item() > 0)
-
-
-def all_sum(values: list[float], device: torch.device) -> list[float]:
-    """Element-wise sum of `values` over ranks (float64)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
+def all_sum_tensor(values: torch.Tensor) -> list[float]:
+    """Element-wise sum of a 1-D device tensor over ranks, read back once (float64)."""
+    t = values.to(torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t)
     return t.tolist()
+
+
+def all_min(value: torch.Tensor) -> int:
+    """The minimum of a 0-dim int64 device tensor over ranks, read back once."""
+    t = value.detach().clone().reshape(1)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
 
 
 def broadcast_object(obj, src: int = 0):

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .config import OptimSection
 from .typed import ConfigError
 
 
@@ -47,30 +48,23 @@ def _fill(section: dict[str, Any], key: str, value: Any, where: str) -> None:
 
 
 def resolve_ds_config(
-    ds: dict[str, Any],
-    *,
-    micro_batch_size: int,
-    grad_accum: int,
-    world_size: int,
-    grad_clip: float,
-    precision: str,
-    lr: float,
-    weight_decay: float,
-    betas: tuple[float, float],
-    eps: float,
-    device_type: str,
-    nan_policy: str,
+    ds: dict[str, Any], optim: OptimSection, *, world_size: int, precision: str, device_type: str
 ) -> dict[str, Any]:
     """A complete DeepSpeed config dict for this run.
 
     Args:
-        ds: the JSON as read. The other arguments come from the run configuration.
-        precision: "fp32", "bf16" or "fp16". device_type: "cuda" or "cpu".
+        ds: the JSON as read.
+        optim: the run's optimiser section (batch, accumulation, clipping, AdamW settings).
+        world_size: data-parallel ranks.
+        precision: the resolved precision, "fp32", "bf16" or "fp16" (not "auto").
+        device_type: "cuda" or "cpu".
 
     Raises:
         ConfigError: inconsistent batch sizes, fp16 on CPU, a "scheduler" section,
-            a precision the JSON contradicts.
+            a precision the JSON contradicts, ZeRO stage 0, `bf16.check_grad_overflow: false`.
     """
+    micro_batch_size, grad_accum = optim.micro_batch_size, optim.grad_accum
+    grad_clip, lr, weight_decay, betas, eps = optim.grad_clip, optim.lr, optim.weight_decay, optim.betas, optim.eps
     out = copy.deepcopy(ds)
     if "scheduler" in out:
         raise ConfigError(
@@ -98,18 +92,36 @@ def resolve_ds_config(
         if not isinstance(section, dict):
             raise ConfigError(f"DeepSpeed config section \"{name}\" must be an object")
         _fill(section, "enabled", precision == name, f"{name}.")
-    if precision == "bf16" and nan_policy == "skip":
-        # let the ZeRO optimizer skip a step whose gradient norm is not finite
-        out["bf16"].setdefault("check_overflow", True)
+    if precision == "bf16":
+        # The NaN policy (both `skip` and `stop`) relies on the engine's own check: a step
+        # whose gradient norm is not finite is not applied. DeepSpeed reads this key in
+        # ZeRO-1/2 bf16 (fp16 always checks; fp32 and ZeRO-3 check the norm since 0.19.8).
+        if out["bf16"].get("check_grad_overflow", True) is not True:
+            raise ConfigError(
+                "DeepSpeed config has bf16.check_grad_overflow = false: a step whose gradients are not finite would "
+                "be applied (optim.nan_policy relies on the engine skipping it); remove the key"
+            )
+        out["bf16"]["check_grad_overflow"] = True
+    zero = out.setdefault("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise ConfigError("DeepSpeed config section \"zero_optimization\" must be an object")
+    if zero.get("stage", 0) not in (1, 2, 3):
+        raise ConfigError(
+            f"DeepSpeed config has zero_optimization.stage = {zero.get('stage', 0)!r}; memoria_ds needs ZeRO stage "
+            "1, 2 or 3 (their optimizers skip a step whose gradients are not finite, which the NaN policy relies "
+            "on; stage 0 would apply it): use ds_configs/zero1.json for plain data parallelism"
+        )
 
     opt = out.get("optimizer")
     if opt is not None:
         params = opt.setdefault("params", {})
         for key, value in (("lr", lr), ("weight_decay", weight_decay), ("betas", list(betas)), ("eps", eps)):
             _fill(params, key, value, "optimizer.params.")
-    zero = out.setdefault("zero_optimization", {})
-    if zero.get("stage", 0) == 3:
+    if zero["stage"] == 3:
         zero.setdefault("stage3_gather_16bit_weights_on_model_save", True)
+    # The loop owns the accumulation boundary: backward() only accumulates, step() reduces
+    # and updates (memoria_ds/train/engine.py).
+    out["managed_gradient_accumulation"] = False
     out.setdefault("steps_per_print", 10**9)  # progress is ours (tqdm, TensorBoard, JSONL)
     out.setdefault("wall_clock_breakdown", False)
     return out

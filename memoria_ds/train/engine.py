@@ -5,10 +5,12 @@
 PyTorch on one process (AdamW, the same schedule, clipping, optional bf16 autocast), for
 runs without DeepSpeed. Nothing else in memoria_ds imports deepspeed.
 
-Gradient accumulation is *unmanaged*: `backward()` only accumulates, and `step()` is the
-boundary (reduction and optimizer update). A micro-batch whose loss is not finite on any
-rank can therefore be left out of a step by every rank together, without leaving a
-collective unmatched.
+Gradient accumulation is *unmanaged* (`managed_gradient_accumulation: false`, set by
+`ds_config.resolve_ds_config`): `backward()` only accumulates, and `step()` is the boundary
+(reduction and optimizer update), once per optimizer step whatever the number of
+micro-batches. A non-finite loss is back-propagated as NaN (`guard_loss`), so the step's
+own non-finite check skips the update on every rank together, with no host sync per
+micro-batch and no collective left unmatched.
 """
 
 from __future__ import annotations
@@ -45,6 +47,22 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     return [g for g in groups if g["params"]]
 
 
+def guard_loss(loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss to back-propagate, and whether it was non-finite, without a host sync.
+
+    A finite loss is returned times exactly 1.0 (the same value and gradients, bit for bit).
+    A non-finite one (an infinite loss can have finite gradients) is turned into NaN, so that
+    every gradient it reaches is NaN and the engine's own check at `step()` (DeepSpeed's ZeRO
+    optimizers, `TorchEngine.step`) skips the update. This is how the NaN policy is decided
+    once per optimizer step instead of with a `.item()` per micro-batch.
+
+    Returns:
+        (loss for backward, 0-dim bool tensor: True if `loss` was not finite).
+    """
+    bad = ~torch.isfinite(loss.detach())
+    return loss * torch.where(bad, float("nan"), 1.0), bad
+
+
 class TrainEngine(ABC):
     """What the training loop needs from an engine."""
 
@@ -61,11 +79,8 @@ class TrainEngine(ABC):
 
     @abstractmethod
     def step(self) -> bool:
-        """Apply the accumulated gradients; False if the update was skipped (overflow)."""
-
-    @abstractmethod
-    def skip_step(self) -> None:
-        """Drop the accumulated gradients without an update (every micro-batch was bad)."""
+        """Apply the accumulated gradients; False if the update was skipped because they were
+        not finite (their norm is checked once per step; the gradients are then dropped)."""
 
     @abstractmethod
     def lr(self) -> float: ...
@@ -94,7 +109,6 @@ class DeepSpeedEngine(TrainEngine):
                  lr: float, weight_decay: float, betas: tuple[float, float], eps: float) -> None:
         import deepspeed
 
-        ds_config = dict(ds_config, managed_gradient_accumulation=False)
         groups = param_groups(model, weight_decay)
         optimizer = None
         if "optimizer" not in ds_config:  # no compile needed; fused kernels on CUDA
@@ -123,10 +137,7 @@ class DeepSpeedEngine(TrainEngine):
 
     def step(self) -> bool:
         self._engine.step()
-        return bool(getattr(self._engine, "_step_applied", True))
-
-    def skip_step(self) -> None:
-        self._engine.zero_grad()
+        return self._engine.was_step_applied()
 
     def lr(self) -> float:
         return float(self._engine.get_lr()[0])
@@ -183,9 +194,6 @@ class TorchEngine(TrainEngine):
         self.optimizer.zero_grad(set_to_none=True)
         return True
 
-    def skip_step(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
     def lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])
 
@@ -207,6 +215,50 @@ class TorchEngine(TrainEngine):
         self.module.load_state_dict(blob["module"], strict=strict)
         self.optimizer.load_state_dict(blob["optimizer"])
         self.scheduler.load_state_dict(blob["scheduler"])
+
+
+def check_ds_config(ds_config: dict[str, Any]) -> str:
+    """Validate a resolved DeepSpeed config with DeepSpeed's own config classes.
+
+    `deepspeed.initialize` builds the same `DeepSpeedConfig` (whose sections are pydantic
+    models that refuse unknown keys and wrong types); doing it here stops a bad config
+    before any data or model work. The batch sizes are our own arithmetic
+    (`ds_config.resolve_ds_config`); they are restated for the world size DeepSpeed sees in
+    this process, so a config for N ranks can be checked in a single process.
+
+    Returns:
+        The installed DeepSpeed version.
+
+    Raises:
+        ConfigError: DeepSpeed refuses the config (the message names the key).
+    """
+    import deepspeed
+    import deepspeed.comm as ds_dist
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.utils import logger as ds_logger
+    from pydantic import ValidationError
+
+    from .typed import ConfigError
+
+    try:
+        seen_world = ds_dist.get_world_size()
+    except (AssertionError, RuntimeError, AttributeError):
+        seen_world = 1
+    probe = dict(ds_config, train_batch_size=ds_config["train_micro_batch_size_per_gpu"]
+                 * ds_config["gradient_accumulation_steps"] * seen_world)
+    level = ds_logger.level
+    ds_logger.setLevel("WARNING")
+    try:
+        DeepSpeedConfig(probe)
+    except ValidationError as e:
+        where = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ConfigError(f"DeepSpeed {deepspeed.__version__} refuses the resolved config ({e.title}: {where}); fix the "
+                          f"DeepSpeed JSON") from None
+    except (ValueError, AssertionError, KeyError, TypeError) as e:
+        raise ConfigError(f"DeepSpeed {deepspeed.__version__} refuses the resolved config: {e}") from None
+    finally:
+        ds_logger.setLevel(level)
+    return deepspeed.__version__
 
 
 def deepspeed_available() -> bool:

@@ -28,7 +28,7 @@ from .checkpoint import CheckpointError, CheckpointInfo, load_all_shards, load_s
 from .config import RunConfig
 from .distributed import DistInfo
 from .ds_config import read_ds_config, resolve_ds_config
-from .engine import DeepSpeedEngine, TorchEngine, TrainEngine
+from .engine import DeepSpeedEngine, TorchEngine, TrainEngine, check_ds_config, guard_loss
 from .export import export_hf
 from .metrics import MetricsWriter
 from .resume import check_compatible, choose_checkpoint, describe_resume, ensure_universal, fingerprint
@@ -38,6 +38,37 @@ from .typed import dump, to_dict
 
 class NonFiniteLoss(RuntimeError):
     """A loss was NaN or infinite and `optim.nan_policy` is `stop`."""
+
+
+class _Window:
+    """Training sums of one logging window, kept on the device (no host sync per step).
+
+    A micro-batch whose loss is not finite adds nothing to the loss, scored-token and token
+    sums; it is counted in `skipped`, and `first_bad` keeps the earliest one as
+    `step * grad_accum + micro_batch` (`NONE` if there was none since the run started).
+    """
+
+    NONE = 2**62
+
+    def __init__(self, device: torch.device) -> None:
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        self.loss_sum, self.scored, self.tokens, self.skipped = (zero.clone() for _ in range(4))
+        self.first_bad = torch.full((), self.NONE, dtype=torch.int64, device=device)
+        self.clear()
+
+    def add(self, loss: torch.Tensor, bad: torch.Tensor, scored: torch.Tensor, tokens: torch.Tensor,
+            code: int) -> None:
+        good = ~bad
+        self.loss_sum += torch.where(good, loss.double() * scored, 0.0)  # the same doubles as float(loss) * scored
+        self.scored += torch.where(good, scored, 0)
+        self.tokens += torch.where(good, tokens, 0)
+        self.skipped += bad
+        torch.minimum(self.first_bad, torch.where(bad, code, self.NONE), out=self.first_bad)
+
+    def clear(self) -> None:
+        for t in (self.loss_sum, self.scored, self.tokens, self.skipped):
+            t.zero_()
+        self.skipped_steps, self.steps, self.t0 = 0, 0, time.time()
 
 
 def _versions() -> dict[str, str]:
@@ -126,6 +157,9 @@ class Trainer:
 
         self.start_step = 0
         self.memories: list[Any] = [None] * self.accum
+        # discard[j]: micro-batch slot j's last loss was not finite; its memory rows start
+        # fresh at the next step (a device flag, OR-ed into the reset mask: no host sync)
+        self.discard = [torch.zeros((), dtype=torch.bool, device=self.device) for _ in range(self.accum)]
         torch.manual_seed(cfg.seed + 1000 * (info.rank + 1))  # dropout streams differ per rank
         if self.resume_from is not None:
             self._resume(self.resume_from)
@@ -135,13 +169,9 @@ class Trainer:
                 (self.run_dir / "ds_config.json").write_text(json.dumps(self.engine.config, indent=1))
 
     def _resolve_ds_config(self) -> dict[str, Any]:
-        cfg, o = self.cfg, self.cfg.optim
-        ds = resolve_ds_config(
-            read_ds_config(cfg.deepspeed), micro_batch_size=o.micro_batch_size, grad_accum=o.grad_accum,
-            world_size=self.info.world_size, grad_clip=o.grad_clip, precision=self.precision, lr=o.lr,
-            weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps, device_type=self.device.type,
-            nan_policy=o.nan_policy,
-        )
+        ds = resolve_ds_config(read_ds_config(self.cfg.deepspeed), self.cfg.optim, world_size=self.info.world_size,
+                               precision=self.precision, device_type=self.device.type)
+        check_ds_config(ds)
         if self.resume_from is not None and self.resume_from.world_size != self.info.world_size:
             ds["checkpoint"] = dict(ds.get("checkpoint", {}), load_universal=True)
         return ds
@@ -184,14 +214,20 @@ class Trainer:
 
     # ------------------------------------------------------------------ training
     def train(self) -> dict[str, Any]:
+        """The loop. Nothing in a step waits for the device: losses, token counts and
+        non-finite losses accumulate as device tensors (`_Window`) and are read once per
+        logging window (and before an evaluation or a checkpoint), as nanoGPT reads its loss
+        only at log steps. A non-finite loss is back-propagated as NaN (`guard_loss`), so the
+        engine's own check skips that optimizer step, and the memory rows of its micro-batch
+        start fresh at the next step."""
         cfg, info = self.cfg, self.info
         writer = MetricsWriter(self.run_dir, enabled=info.is_main, total_steps=self.total_steps,
                                initial_step=self.start_step, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress)
         policy = cfg.data.reset_policy
-        window = {"loss_sum": 0.0, "scored": 0.0, "tokens": 0.0, "skipped": 0.0, "t0": time.time(), "steps": 0}
+        window = _Window(self.device)
         batches = iter(self.streams)
         step_stats: list = []  # the memory statistics of the step's micro-batches
-        last_loss = float("nan")
+        last_loss: float | None = None
         self.engine.train()
         for step in range(self.start_step, self.total_steps):
             batch = next(batches, None)
@@ -200,51 +236,37 @@ class Trainer:
                 batch = next(batches)
             batch = batch.to(self.device)
             reset = policy.reset_mask(batch, step)
-            good = 0
             step_stats = []
             for j in range(self.accum):
                 rows = slice(j * self.micro, (j + 1) * self.micro)
                 targets = batch.targets[rows]
                 out = self.engine(input_ids=batch.input_ids[rows], shift_labels=targets,
-                                  memory=self.memories[j], reset=reset[rows])
+                                  memory=self.memories[j], reset=reset[rows] | self.discard[j])
                 loss = out.loss
                 if j == 0 and info.rank == 0 and faults.active("nan_loss", step + 1):
                     loss = loss * float("nan")
-                bad = not bool(torch.isfinite(loss.detach()).item())
-                if dist_utils.any_true(bad, self.device):
-                    if cfg.optim.nan_policy == "stop":
-                        raise NonFiniteLoss(
-                            f"non-finite loss at step {step + 1} (micro-batch {j}, rank {info.rank if bad else 'another'}); "
-                            f"stopped by optim.nan_policy=stop. The last good checkpoint is kept in "
-                            f"{self.run_dir / 'checkpoints'}; lower optim.lr or use nan_policy=skip"
-                        )
-                    self.memories[j] = None  # its rows may hold non-finite values: start them fresh
-                    window["skipped"] += 1
-                    continue
+                loss, bad = guard_loss(loss)
                 self.engine.backward(loss)
-                self.memories[j] = out.memory
+                self.memories[j], self.discard[j] = out.memory, bad
                 if out.memory_stats is not None:
                     step_stats.append(out.memory_stats)
-                scored = float((targets != -100).sum())
-                window["loss_sum"] += float(loss.detach()) * scored
-                window["scored"] += scored
-                window["tokens"] += float(batch.attention_mask[rows].sum())
-                good += 1
-            if good:
-                self.engine.step()
-            else:
-                self.engine.skip_step()
+                window.add(loss.detach(), bad, (targets != -100).sum(), batch.attention_mask[rows].sum(),
+                           step * self.accum + j)
+            window.skipped_steps += not self.engine.step()
             done = step + 1
-            window["steps"] += 1
+            window.steps += 1
             writer.advance()
             if done % cfg.log.every == 0 or done == self.total_steps:
                 last_loss = self._log_window(writer, done, window, step_stats)
             if cfg.eval.every and done % cfg.eval.every == 0 and done != self.total_steps:
+                self._stop_if_nonfinite(window)
                 self.evaluate(writer, done)
             if (cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or done == self.total_steps:
+                self._stop_if_nonfinite(window)
                 self.save(done)
             if faults.active("kill_after_step", done):
                 faults.kill(f"after step {done}")
+        self._stop_if_nonfinite(window)
         results = self.evaluate(writer, self.total_steps) if cfg.eval.at_end else []
         export_dir = None
         if cfg.checkpoint.export:
@@ -257,17 +279,40 @@ class Trainer:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
-    def _log_window(self, writer: MetricsWriter, step: int, w: dict[str, Any], stats: list) -> float:
-        loss_sum, scored, tokens, skipped = dist_utils.all_sum(
-            [w["loss_sum"], w["scored"], w["tokens"], w["skipped"]], self.device)
-        elapsed = max(time.time() - w["t0"], 1e-9)
-        loss = loss_sum / scored if scored else float("nan")
-        values = {"loss": loss, "ppl": math.exp(min(loss, 50.0)) if scored else float("nan"),
+    def _stop_if_nonfinite(self, window: _Window) -> None:
+        """Under `optim.nan_policy=stop`, raise if any rank saw a non-finite loss (one host sync).
+
+        Called before an evaluation or a checkpoint, at log steps and at the end, so no
+        checkpoint is written after the first non-finite loss. The update of that step was
+        already skipped by the engine (`guard_loss`)."""
+        if self.cfg.optim.nan_policy != "stop":
+            return
+        first = dist_utils.all_min(window.first_bad)
+        if first == _Window.NONE:
+            return
+        step, micro = divmod(first, self.accum)
+        where = f"rank {self.info.rank}" if int(window.first_bad) == first else "another rank"
+        raise NonFiniteLoss(
+            f"non-finite loss at step {step + 1} (micro-batch {micro}, {where}); stopped by optim.nan_policy=stop. "
+            f"The last good checkpoint is kept in {self.run_dir / 'checkpoints'}; lower optim.lr or use "
+            f"nan_policy=skip"
+        )
+
+    def _log_window(self, writer: MetricsWriter, step: int, w: _Window, stats: list) -> float | None:
+        """Log the window's means (one host read); the loss is None if every micro-batch was skipped."""
+        self._stop_if_nonfinite(w)
+        loss_sum, scored, tokens, skipped, skipped_steps = dist_utils.all_sum_tensor(
+            torch.stack([w.loss_sum, w.scored, w.tokens, w.skipped, w.loss_sum.new_tensor(w.skipped_steps)]))
+        elapsed = max(time.time() - w.t0, 1e-9)
+        loss = loss_sum / scored if scored else None
+        values = {"loss": loss, "ppl": math.exp(min(loss, 50.0)) if scored else None,
                   "tok/s": tokens / elapsed, "lr": self.engine.lr(), "skipped_micro_batches": skipped,
-                  "epoch": (step - 1) // self.streams.steps_per_epoch}
+                  "skipped_steps": skipped_steps, "epoch": (step - 1) // self.streams.steps_per_epoch}
         norm = self.engine.grad_norm()
         if norm is not None:
             values["grad_norm"] = norm
+        if self.device.type == "cuda":
+            values["gpu_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         # memory statistics of this step, averaged over every micro-batch slot of rank 0
         summaries = [s.summary() for s in stats]
         for key in summaries[0] if summaries else ():
@@ -277,7 +322,7 @@ class Trainer:
         for key in graphs[0] if graphs else ():  # O(C^2) per row: only at logging steps
             values[f"memory/graph_{key}"] = float(torch.cat([g[key] for g in graphs]).mean())
         writer.log(step, values)
-        w.update(loss_sum=0.0, scored=0.0, tokens=0.0, skipped=0.0, t0=time.time(), steps=0)
+        w.clear()
         return loss
 
     # ------------------------------------------------------------------ evaluation
@@ -336,6 +381,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, step: int) -> Path:
+        for j, memory in enumerate(self.memories):
+            if memory is not None:  # a slot whose last loss was not finite is saved fresh
+                memory.reset(self.discard[j].expand(memory.batch_size))
+                self.discard[j] = torch.zeros_like(self.discard[j])
         shard = make_shard(self.stream_ids, self.memories, self.streams.state_dict(), step, self.micro)
         meta = {"fingerprint": fingerprint(self.cfg), "config": to_dict(self.cfg), "versions": _versions(),
                 "engine": self.cfg.engine, "precision": self.precision,

@@ -141,3 +141,32 @@ def test_memoria_memory_put_rows_pads_shorter_previous_segments(make_model):
     long.put_rows([1], short)
     assert long.prev_hidden.shape[1] == 12 and long.prev_mask.sum(1).tolist() == [12, 5, 12]
     assert isinstance(MemoriaMemory.cat([long, short]), MemoriaMemory)
+
+
+def _poison(memory, row: int) -> None:
+    """Fill every floating tensor of `row` with NaN, as a diverged forward would leave it."""
+    if isinstance(memory, MemoriaMemory):
+        memory.prev_hidden[row] = float("nan")
+        for t in (memory.state.vectors, memory.state.sq_norms, memory.state.lifespan):
+            t[row] = float("nan")
+    elif isinstance(memory, XLMemory):
+        memory.keys[row] = float("nan")
+        memory.values[row] = float("nan")
+
+
+@pytest.mark.parametrize("preset", ["memoria", "xl"])
+def test_a_reset_row_forgets_non_finite_values(make_model, preset):
+    """The training loop resets the rows of a micro-batch whose loss was not finite (no host
+    sync to decide more): their stale NaN must never reach a later segment."""
+    model = make_model(preset, memory_init="random")
+    segs = segments(count=6)
+    reset = torch.tensor([False, True, False])
+    with torch.no_grad():
+        _, memory = run_stream(model, segs[:3])
+        _poison(memory, 1)
+        outs = [model(segs[3], memory=memory, reset=reset)]
+        outs += run_stream(model, segs[4:], memory=outs[0].memory)[0]
+        fresh = _continue(model, None, [s[1:2] for s in segs[3:]])
+    for got, new in zip([o.logits for o in outs], fresh):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got[1:2], new, rtol=0, atol=1e-5)

@@ -8,6 +8,7 @@ policies, clear errors for bad configuration and bad checkpoints.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ import torch
 from memoria_ds.train.checkpoint import find_latest, validate
 from memoria_ds.train.faults import EXIT_CODE
 
-from .launch_util import check, losses_by_step, metrics, run_training
+from .launch_util import ROOT, check, losses_by_step, metrics, run_training
 
 
 def _shard_tensors(path):
@@ -104,21 +105,47 @@ def test_a_kill_during_save_keeps_the_previous_checkpoint(tmp_path):
     assert "resume" in proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("policy", ["skip", "stop"])
-def test_nan_loss_policies(tmp_path, policy):
+def _weights(run, step: int, engine: str = "deepspeed") -> dict:
+    from memoria_ds.train.export import consolidated_state_dict
+
+    return consolidated_state_dict(run / "checkpoints" / f"step_{step:08d}", engine)
+
+
+@pytest.mark.parametrize("ds,precision,engine", [
+    ("cpu.json", "fp32", "deepspeed"), ("cpu.json", "bf16", "deepspeed"), ("cpu_zero3.json", "bf16", "deepspeed"),
+    ("cpu.json", "fp32", "torch"),
+])
+def test_nan_skip_policy_skips_exactly_that_step(tmp_path, ds, precision, engine):
+    """A NaN loss at step 2: that update is not applied (the weights saved at steps 1 and 2 are
+    equal), training goes on at step 3, and no NaN reaches the log. DeepSpeed runs in bf16 too,
+    with the key its bf16 optimizer reads (`bf16.check_grad_overflow`)."""
     run = tmp_path / "run"
-    proc = run_training(run, f"optim.nan_policy={policy}", "checkpoint.every=1", "optim.max_steps=3",
-                        fault="nan_loss:2")
-    if policy == "skip":
-        check(proc)
-        train = {r["step"]: r for r in metrics(run)}
-        assert train[2]["skipped_micro_batches"] == 1 and train[3]["skipped_micro_batches"] == 0
-        assert all(r["loss"] == r["loss"] for r in train.values()), "no NaN reaches the logged loss"
-    else:
-        assert proc.returncode == 1
-        assert "non-finite loss at step 2 (micro-batch 0" in proc.stderr
-        assert "nan_policy=stop" in proc.stderr
-        assert find_latest(run / "checkpoints")[0].step == 1, "the last good checkpoint stays"
+    check(run_training(run, "optim.nan_policy=skip", "checkpoint.every=1", "checkpoint.keep_last=3",
+                       "optim.max_steps=3", f"optim.precision={precision}", f"deepspeed={ROOT / 'ds_configs' / ds}",
+                       f"engine={engine}", fault="nan_loss:2", launcher="deepspeed" if engine == "deepspeed" else "python"))
+    train = {r["step"]: r for r in metrics(run)}
+    assert (train[2]["skipped_micro_batches"], train[2]["skipped_steps"]) == (1, 1)
+    assert (train[3]["skipped_micro_batches"], train[3]["skipped_steps"]) == (0, 0)
+    assert train[2]["loss"] is None and train[2]["ppl"] is None, "nothing was scored in step 2"
+    assert all(isinstance(train[s]["loss"], float) and math.isfinite(train[s]["loss"]) for s in (1, 3)), train
+    w1, w2, w3 = (_weights(run, s, engine) for s in (1, 2, 3))
+    assert w1.keys() == w2.keys() and len(w1) > 0
+    assert all(torch.equal(w1[k], w2[k]) for k in w1), "step 2's update was skipped"
+    assert any(not torch.equal(w2[k], w3[k]) for k in w2), "step 3 trained again"
+    if engine == "deepspeed":
+        written = json.loads((run / "ds_config.json").read_text())
+        assert written["bf16"] == ({"enabled": True, "check_grad_overflow": True} if precision == "bf16"
+                                   else {"enabled": False})
+
+
+def test_nan_stop_policy_stops_before_the_next_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    proc = run_training(run, "optim.nan_policy=stop", "checkpoint.every=1", "optim.max_steps=3",
+                        "optim.precision=bf16", "log.every=10", fault="nan_loss:2")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "non-finite loss at step 2 (micro-batch 0, rank 0)" in proc.stderr
+    assert "nan_policy=stop" in proc.stderr
+    assert find_latest(run / "checkpoints")[0].step == 1, "the last good checkpoint stays"
 
 
 def test_resume_refuses_an_incompatible_or_corrupt_checkpoint(tmp_path):
@@ -145,7 +172,7 @@ def test_configuration_mistakes_stop_before_training(tmp_path):
     bad_ds = tmp_path / "bad.json"
     bad_ds.write_text(json.dumps({"train_batch_size": 3, "zero_optimization": {"stage": 2}}))
     proc = run_training(tmp_path / "b", f"deepspeed={bad_ds}")
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "train_batch_size (3) != micro_batch (2) * grad_accum (1) * world_size (1) = 2" in proc.stderr
     proc = run_training(tmp_path / "c", "data.corpus=files", f"data.files={{train: [{tmp_path / 'missing.txt'}]}}")
     assert proc.returncode != 0 and "missing.txt" in proc.stderr
