@@ -12,6 +12,7 @@ from ..data import TokenCorpus, input_length_for, local_documents, prepare_corpu
 from ..model import MemoriaGPT2Config, apply_lora, build_model
 from . import distributed as dist_utils
 from .config import DataSection, LoraSection, ModelSection, RunConfig
+from .typed import ConfigError
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -71,6 +72,33 @@ def from_scratch_backbone(model: ModelSection, vocab_size: int | None) -> GPT2Co
     if vocab_size is not None:
         values["vocab_size"] = vocab_size
     return GPT2Config(**values)
+
+
+# The backbone fields that fix the shapes of pretrained weights.
+SHAPE_FIELDS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner")
+
+
+def check_pretrained_settings(model: ModelSection) -> None:
+    """Shape settings (`n_layer`, `n_embd`, ...) describe a from-scratch model: refuse them
+    for a pretrained backbone whose weights have other shapes, before any data work.
+
+    Raises:
+        ConfigError: the conflicting settings, the backbone's values, and what to do.
+    """
+    if model.from_scratch:
+        return
+    asked = {k: model.settings[k] for k in SHAPE_FIELDS if k in model.settings}
+    if not asked:
+        return
+    saved = AutoConfig.from_pretrained(model.backbone)
+    conflicts = {k: v for k, v in asked.items() if getattr(saved, k, None) != v}
+    if conflicts:
+        have = ", ".join(f"{k}={getattr(saved, k, None)}" for k in conflicts)
+        raise ConfigError(
+            f"model.settings {', '.join(f'{k}={v}' for k, v in conflicts.items())} conflict with the pretrained "
+            f"backbone {model.backbone!r} ({have}): shape settings apply only with model.from_scratch=true. "
+            f"Remove them to fine-tune it (e.g. --config launch/configs/finetune_gpt2.yaml), or train from scratch"
+        )
 
 
 def build_run_model(cfg: RunConfig, vocab_size: int | None) -> nn.Module:

@@ -17,6 +17,7 @@ import sys
 
 from .checkpoint import CheckpointError
 from .config import RunConfig
+from .sources import check_sources
 from .typed import ConfigError, load
 
 
@@ -30,7 +31,7 @@ def parse(argv: list[str] | None, description: str, base_overrides: list[str]) -
     p.add_argument("--engine", choices=["deepspeed", "torch"], help="same as engine=...")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=3e-5 model.preset=xl")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)  # overrides may stand before or after the options
     overrides = list(base_overrides) + list(a.overrides)
     if a.deepspeed:
         overrides.append(f"deepspeed={a.deepspeed}")
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2"
          base_overrides: list[str] | None = None) -> None:
     try:
         cfg = parse(argv, description, base_overrides or [])
+        check_sources(cfg)  # a backbone or corpus on an unreachable hub: a few lines now, not a traceback later
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -23,7 +23,7 @@ from ..eval import EvalResult, evaluate_lm, evaluate_sorting, protocol_from_name
 from ..memory import graph_stats
 from . import distributed as dist_utils
 from . import faults
-from .build import build_run_model, load_corpora, resolve_precision, unwrap
+from .build import build_run_model, check_pretrained_settings, load_corpora, resolve_precision, unwrap
 from .checkpoint import CheckpointError, CheckpointInfo, load_all_shards, load_shard, save_checkpoint
 from .config import RunConfig
 from .distributed import DistInfo
@@ -90,9 +90,6 @@ class Trainer:
         self.num_streams = self.micro * self.accum * info.world_size
         if cfg.engine == "torch" and info.world_size != 1:
             raise ValueError("engine `torch` runs on one process; use engine `deepspeed` for several ranks")
-        if info.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-        dist_utils.barrier()
 
     def log(self, text: str) -> None:
         """A message from rank 0 (before the progress bar exists)."""
@@ -102,6 +99,7 @@ class Trainer:
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
         cfg, info = self.cfg, self.info
+        check_pretrained_settings(cfg.model)  # before any data work
         self.resume_from: CheckpointInfo | None = dist_utils.broadcast_object(
             choose_checkpoint(cfg, self.log) if info.is_main else None
         )
@@ -163,10 +161,12 @@ class Trainer:
         torch.manual_seed(cfg.seed + 1000 * (info.rank + 1))  # dropout streams differ per rank
         if self.resume_from is not None:
             self._resume(self.resume_from)
-        if info.is_main:
+        if info.is_main:  # created only now that the run can start
+            self.run_dir.mkdir(parents=True, exist_ok=True)
             dump(cfg, self.run_dir / "config.yaml")
             if isinstance(self.engine, DeepSpeedEngine):
                 (self.run_dir / "ds_config.json").write_text(json.dumps(self.engine.config, indent=1))
+        dist_utils.barrier()
 
     def _resolve_ds_config(self) -> dict[str, Any]:
         ds = resolve_ds_config(read_ds_config(self.cfg.deepspeed), self.cfg.optim, world_size=self.info.world_size,

@@ -32,16 +32,22 @@ def free_port() -> int:
 
 
 def run_training(run_dir: Path, *overrides: str, ranks: int = 1, launcher: str = "deepspeed",
-                 fault: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run one training job; returns the completed process (stdout/stderr captured)."""
+                 fault: str | None = None, timeout: int = 600, tiny: bool = True,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run one training job; returns the completed process (stdout/stderr captured).
+
+    Args:
+        tiny: start from the TINY settings (else only `overrides`, e.g. `--config FILE`).
+        env: extra environment variables.
+    """
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+               PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **(env or {}))
     env.pop("MEMORIA_DS_FAULT", None)
     if fault:
         env["MEMORIA_DS_FAULT"] = fault
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    args = [*TINY, f"run_dir={run_dir}", *overrides]
+    args = [*(TINY if tiny else []), f"run_dir={run_dir}", *overrides]
     port = str(free_port())
     if launcher == "deepspeed":
         cmd = [shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed"),

@@ -1,0 +1,96 @@
+"""Before a run starts: can everything it loads be reached? (the Hugging Face hub, offline)
+
+A run that needs the hub (a pretrained backbone by name, a corpus without `data.path`, a
+tokenizer by name) and cannot reach it would otherwise spend tens of seconds in retries
+and end in a long traceback. `check_sources` finds out in a few milliseconds (a cached
+copy, `HF_HUB_OFFLINE`, or one TCP connection to the hub) and stops with a few lines
+that say what to do instead, before the run directory is created.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+from .config import RunConfig
+from .typed import ConfigError
+
+# The hub repositories behind each named corpus (memoria_ds.data.corpora / enwik8).
+CORPUS_REPOS = {"wikitext103": "Salesforce/wikitext", "pg19": "emozilla/pg19", "enwik8": "LTCB/enwik8"}
+GPT2_NAMES = {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the hub cannot be used right now, or None if a connection opens."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    url = urlparse(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        return f"no connection to {host}:{port} ({e.strerror or type(e).__name__})"
+    return None
+
+
+def _model_cached(name: str, weights: bool) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    def cached(filename: str) -> bool:
+        return isinstance(try_to_load_from_cache(name, filename), str)
+
+    return cached("config.json") and (not weights or any(cached(f) for f in WEIGHT_FILES))
+
+
+def _dataset_cached(repo: str) -> bool:
+    import datasets
+
+    return (Path(datasets.config.HF_DATASETS_CACHE) / repo.replace("/", "___")).is_dir()
+
+
+def hub_needs(cfg: RunConfig) -> list[str]:
+    """What this run would fetch from the hub (nothing local or already cached)."""
+    needs = []
+    m, d = cfg.model, cfg.data
+    local = Path(m.backbone).is_dir()
+    if not local and not (m.from_scratch and m.backbone.split("/")[-1] in GPT2_NAMES):
+        if not _model_cached(m.backbone, weights=not m.from_scratch):
+            needs.append(f"the backbone {m.backbone!r} (model.backbone)")
+    repo = CORPUS_REPOS.get(d.corpus)
+    if repo is not None and d.path is None and not _dataset_cached(repo):
+        needs.append(f"the corpus {d.corpus!r} ({repo}; data.corpus)")
+    if d.tokenizer is not None and not Path(d.tokenizer).exists() and not _model_cached(d.tokenizer, weights=False):
+        needs.append(f"the tokenizer {d.tokenizer!r} (data.tokenizer)")
+    return needs
+
+
+def check_sources(cfg: RunConfig) -> None:
+    """Stop with what to do if the run needs the hub and cannot reach it.
+
+    Raises:
+        ConfigError: a few lines: why, what needed it, the offline alternatives.
+    """
+    needs = hub_needs(cfg)
+    if not needs:
+        return
+    why = hub_unreachable()
+    if why is None:
+        return
+    tips = []
+    if any("backbone" in n for n in needs):
+        tips += ["fine-tune a local copy: model.backbone=DIR (a save_pretrained directory or a hub snapshot)",
+                 "or train from scratch at that shape: model.from_scratch=true (launch/pretrain.py)"]
+    if any("corpus" in n for n in needs):
+        tips.append("point data.path=DIR at a local copy of the corpus (docs/data.md), or use "
+                    "data.corpus=files with data.files='{train: [a.txt], validation: [b.txt]}'")
+    if any("tokenizer" in n for n in needs):
+        tips.append("data.tokenizer=DIR (a local tokenizer), or leave it unset for the bundled GPT-2 BPE")
+    tips.append("or run the bundled example, which needs no network: bash launch/quickstart.sh")
+    raise ConfigError(
+        f"the Hugging Face hub cannot be reached ({why}), and this run needs it for "
+        + ", ".join(needs) + ". Nothing was written. To run without it:\n  - " + "\n  - ".join(tips)
+    )
