@@ -117,7 +117,11 @@ def build_run_model(cfg: RunConfig, vocab_size: int | None) -> nn.Module:
         backbone = GPT2Config(**{**backbone.to_dict(), **arch})
         model = build_model(backbone, m.preset, attn_implementation=m.attn_implementation, **settings)
     else:
-        model = build_model(m.backbone, m.preset, attn_implementation=m.attn_implementation, **settings)
+        # fp32 whatever dtype the checkpoint was saved in: the engine owns the precision (DeepSpeed
+        # keeps fp32 masters and casts; ZeRO-3 needs one dtype across the backbone and the new
+        # modules, which are built in fp32)
+        model = build_model(m.backbone, m.preset, dtype=torch.float32, attn_implementation=m.attn_implementation,
+                            **settings)
     if vocab_size is not None and model.config.vocab_size < vocab_size:
         raise ValueError(
             f"the corpus has token ids up to {vocab_size - 1} but the model's vocabulary has {model.config.vocab_size} "
@@ -130,9 +134,23 @@ def build_run_model(cfg: RunConfig, vocab_size: int | None) -> nn.Module:
 
 
 def apply_lora_section(model: nn.Module, lora: LoraSection) -> nn.Module:
+    """LoRA on the backbone, the adapters in the dtype of every other parameter.
+
+    peft makes adapters fp32 whatever the base layers are. Under ZeRO-3 in bf16 the backbone
+    and the memory modules are built in bf16 (straight into partitions), and ZeRO-3 flattens
+    all trainable parameters into one buffer of one dtype; DeepSpeed keeps fp32 master
+    copies of them all, so the adapters lose nothing by following.
+    """
     if not lora.enabled:
         return model
-    return apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
+    model = apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
+    dtypes = {p.dtype for n, p in model.named_parameters() if ".lora_" not in n}
+    if len(dtypes) == 1:
+        dtype = dtypes.pop()
+        for name, module in model.named_modules():
+            if name.rsplit(".", 1)[-1] in ("lora_A", "lora_B"):
+                module.to(dtype)
+    return model
 
 
 def unwrap(model: nn.Module) -> nn.Module:

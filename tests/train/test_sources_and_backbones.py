@@ -87,3 +87,17 @@ def test_finetuning_a_full_size_gpt2_from_a_local_directory(tmp_path, gpt2_dir):
     config = json.loads((run / "checkpoints" / "step_00000002" / "manifest.json").read_text())["meta"]["config"]
     assert config["model"]["backbone"] == str(gpt2_dir) and not config["model"]["from_scratch"]
     assert [r["step"] for r in metrics(run)] == [1, 2]
+
+
+def test_a_backbone_saved_in_bf16_trains_in_one_dtype(tmp_path):
+    """The engine owns the precision: a checkpoint saved in bf16 loads in fp32 like the new
+    Memoria modules and LoRA adapters (ZeRO-3 flattens them into one buffer of one dtype)."""
+    from memoria_ds.train.build import build_run_model
+
+    path = tmp_path / "bf16"
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=64)).to(torch.bfloat16).save_pretrained(path)
+    for lora in ("false", "true"):
+        cfg = load(RunConfig, None, [f"model.backbone={path}", "model.from_scratch=false", f"lora.enabled={lora}",
+                                     "data.segment_length=16"])
+        model = build_run_model(cfg, vocab_size=50257)
+        assert {p.dtype for p in model.parameters()} == {torch.float32}

