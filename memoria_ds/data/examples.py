@@ -87,8 +87,14 @@ class ExampleStreams(EpochCursor):
         self.shuffle, self.seed, self.drop_last, self.pad_id = shuffle, seed, drop_last, pad_id
         per = batch_size // world_size
         self.row_ids = range(rank * per, (rank + 1) * per)
-        self.example_length = len(self.transform(dataset[0])[0])
+        first_inputs, first_targets = self.transform(dataset[0])
+        self.example_length = len(first_inputs)
         self.segments_per_example = math.ceil(self.example_length / segment_length)
+        # The segments of an example that hold targets (the sorting task: its answer, in the
+        # last one). Every example must share this layout (checked as batches are built): the
+        # training loop runs the other segments forward only, to write the memory.
+        scored = np.flatnonzero(np.asarray(first_targets) != IGNORE_INDEX) // segment_length
+        self.scored_segments = frozenset(int(k) for k in np.unique(scored))
         n = len(dataset)
         self.num_batches = n // batch_size if drop_last else math.ceil(n / batch_size)
         if self.num_batches == 0:
@@ -126,8 +132,24 @@ class ExampleStreams(EpochCursor):
                     "ExampleStreams needs examples of one length"
                 )
             inputs[r, : len(x)], targets[r, : len(y)], real[r] = x, y, True
+        segments = (targets != IGNORE_INDEX).reshape(rows, self.segments_per_example, -1).any(axis=(0, 2))
+        if set(np.flatnonzero(segments).tolist()) - self.scored_segments:
+            raise ValueError(
+                f"batch {batch} has targets in segments {sorted(np.flatnonzero(segments).tolist())}, the first example "
+                f"only in {sorted(self.scored_segments)}; ExampleStreams needs examples of one layout"
+            )
         self._cache = ((epoch, batch), (inputs, targets, real))
         return inputs, targets, real
+
+    def has_targets(self, step: int) -> bool:
+        """Whether step `step` of an epoch feeds a segment that holds targets."""
+        return step % self.segments_per_example in self.scored_segments
+
+    def count_target_steps(self, steps: int) -> int:
+        """How many of the first `steps` steps (epochs wrap) feed a segment that holds targets."""
+        per_epoch = self.num_batches * len(self.scored_segments)
+        full, rest = divmod(steps, self.steps_per_epoch)
+        return full * per_epoch + sum(self.has_targets(s) for s in range(rest))
 
     def batch_at(self, epoch: int, step: int) -> StreamBatch:
         """Step `step` of epoch `epoch` (no state change)."""

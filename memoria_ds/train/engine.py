@@ -47,20 +47,27 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     return [g for g in groups if g["params"]]
 
 
-def guard_loss(loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def guard_loss(loss: torch.Tensor, scored: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The loss to back-propagate, and whether it was non-finite, without a host sync.
 
     A finite loss is returned times exactly 1.0 (the same value and gradients, bit for bit).
     A non-finite one (an infinite loss can have finite gradients) is turned into NaN, so that
     every gradient it reaches is NaN and the engine's own check at `step()` (DeepSpeed's ZeRO
     optimizers, `TorchEngine.step`) skips the update. This is how the NaN policy is decided
-    once per optimizer step instead of with a `.item()` per micro-batch.
+    once per optimizer step instead of with a `.item()` per micro-batch. A micro-batch with
+    no scored token (its mean loss is 0/0) is not a bad one: it contributes a zero loss, whose
+    gradients are exact zeros.
+
+    Args:
+        loss: the micro-batch's mean loss (0-dim).
+        scored: the number of scored tokens behind it (0-dim).
 
     Returns:
-        (loss for backward, 0-dim bool tensor: True if `loss` was not finite).
+        (loss for backward, 0-dim bool tensor: True if a scored loss was not finite).
     """
-    bad = ~torch.isfinite(loss.detach())
-    return loss * torch.where(bad, float("nan"), 1.0), bad
+    has = scored > 0
+    bad = ~torch.isfinite(loss.detach()) & has
+    return torch.where(has, loss * torch.where(bad, float("nan"), 1.0), 0.0), bad
 
 
 class TrainEngine(ABC):

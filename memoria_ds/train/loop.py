@@ -129,6 +129,8 @@ class Trainer:
             vocab = train.metadata.get("vocab_size")
         self.vocab_size = vocab
         self.total_steps = cfg.optim.max_steps or cfg.optim.epochs * self.streams.steps_per_epoch
+        # optimizer updates (the learning-rate schedule's length): steps whose segment holds targets
+        self.update_steps = self.streams.count_target_steps(self.total_steps) if self.sorting else self.total_steps
 
         zero3 = self.ds_config is not None and self.ds_config.get("zero_optimization", {}).get("stage") == 3
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
@@ -157,7 +159,8 @@ class Trainer:
         self.memories: list[Any] = [None] * self.accum
         # discard[j]: micro-batch slot j's last loss was not finite; its memory rows start
         # fresh at the next step (a device flag, OR-ed into the reset mask: no host sync)
-        self.discard = [torch.zeros((), dtype=torch.bool, device=self.device) for _ in range(self.accum)]
+        self._no = torch.zeros((), dtype=torch.bool, device=self.device)
+        self.discard = [self._no] * self.accum
         torch.manual_seed(cfg.seed + 1000 * (info.rank + 1))  # dropout streams differ per rank
         if self.resume_from is not None:
             self._resume(self.resume_from)
@@ -178,7 +181,7 @@ class Trainer:
 
     def _build_engine(self, model) -> TrainEngine:
         cfg, o = self.cfg, self.cfg.optim
-        common = dict(total_steps=self.total_steps, warmup_ratio=o.warmup_ratio, lr=o.lr,
+        common = dict(total_steps=self.update_steps, warmup_ratio=o.warmup_ratio, lr=o.lr,
                       weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps)
         if cfg.engine == "torch":
             return TorchEngine(model, self.device, grad_clip=o.grad_clip, grad_accum=o.grad_accum,
@@ -237,22 +240,31 @@ class Trainer:
             batch = batch.to(self.device)
             reset = policy.reset_mask(batch, step)
             step_stats = []
+            # A segment without targets (the sorting task's input) runs forward only, to write
+            # the memory: no loss, no gradient, no optimizer step (it would be all zeros).
+            update = not self.sorting or self.streams.has_targets(batch.step)
             for j in range(self.accum):
                 rows = slice(j * self.micro, (j + 1) * self.micro)
                 targets = batch.targets[rows]
-                out = self.engine(input_ids=batch.input_ids[rows], shift_labels=targets,
-                                  memory=self.memories[j], reset=reset[rows] | self.discard[j])
+                with torch.set_grad_enabled(update):
+                    out = self.engine(input_ids=batch.input_ids[rows], shift_labels=targets if update else None,
+                                      memory=self.memories[j], reset=reset[rows] | self.discard[j])
+                if out.memory_stats is not None:
+                    step_stats.append(out.memory_stats)
+                if not update:
+                    self.memories[j], self.discard[j] = out.memory, self._no
+                    window.tokens += batch.attention_mask[rows].sum()
+                    continue
                 loss = out.loss
                 if j == 0 and info.rank == 0 and faults.active("nan_loss", step + 1):
                     loss = loss * float("nan")
-                loss, bad = guard_loss(loss)
+                scored = (targets != -100).sum()
+                loss, bad = guard_loss(loss, scored)
                 self.engine.backward(loss)
                 self.memories[j], self.discard[j] = out.memory, bad
-                if out.memory_stats is not None:
-                    step_stats.append(out.memory_stats)
-                window.add(loss.detach(), bad, (targets != -100).sum(), batch.attention_mask[rows].sum(),
-                           step * self.accum + j)
-            window.skipped_steps += not self.engine.step()
+                window.add(loss.detach(), bad, scored, batch.attention_mask[rows].sum(), step * self.accum + j)
+            if update:
+                window.skipped_steps += not self.engine.step()
             done = step + 1
             window.steps += 1
             writer.advance()
@@ -384,7 +396,7 @@ class Trainer:
         for j, memory in enumerate(self.memories):
             if memory is not None:  # a slot whose last loss was not finite is saved fresh
                 memory.reset(self.discard[j].expand(memory.batch_size))
-                self.discard[j] = torch.zeros_like(self.discard[j])
+                self.discard[j] = self._no
         shard = make_shard(self.stream_ids, self.memories, self.streams.state_dict(), step, self.micro)
         meta = {"fingerprint": fingerprint(self.cfg), "config": to_dict(self.cfg), "versions": _versions(),
                 "engine": self.cfg.engine, "precision": self.precision,

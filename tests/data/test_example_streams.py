@@ -91,3 +91,24 @@ def test_aligned_columns_and_mismatched_lengths() -> None:
     bad = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4]], "targets": [[2, 3, -100], [-100]]})
     with pytest.raises(ValueError, match="one length"):
         ExampleStreams(bad, batch_size=2, segment_length=2).batch_at(0, 0)
+
+
+def test_the_segments_that_hold_targets(sorting) -> None:
+    """17 symbols + SEP + 19 answer inputs = 37 tokens in segments of 10: targets at 16-36."""
+    streams = ExampleStreams(sorting, batch_size=3, segment_length=10)
+    assert streams.scored_segments == {1, 2, 3}
+    scored = [k for k in range(4) if any(int((b.targets != -100).sum()) for b in list(streams)[k::4])]
+    assert scored == [1, 2, 3]
+    assert [streams.has_targets(s) for s in range(6)] == [False, True, True, True, False, True]
+    # 12 steps an epoch, 9 with targets; 14 steps: one epoch and 2 steps of the next (1 with targets)
+    assert streams.count_target_steps(12) == 9 and streams.count_target_steps(14) == 10
+    assert ExampleStreams(sorting, batch_size=3, segment_length=40).scored_segments == {0}
+
+
+def test_examples_of_another_layout_are_refused() -> None:
+    rows = [{"input_ids": list(range(8)), "targets": [-100] * 6 + [1, 2]},
+            {"input_ids": list(range(8)), "targets": [3] + [-100] * 7}]
+    streams = ExampleStreams(datasets.Dataset.from_list(rows), batch_size=2, segment_length=4)
+    assert streams.scored_segments == {1}
+    with pytest.raises(ValueError, match=r"targets in segments \[0, 1\], the first example only in \[1\]"):
+        streams.batch_at(0, 0)
