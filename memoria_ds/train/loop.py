@@ -68,7 +68,7 @@ class _Window:
     def clear(self) -> None:
         for t in (self.loss_sum, self.scored, self.tokens, self.skipped):
             t.zero_()
-        self.skipped_steps, self.steps, self.t0 = 0, 0, time.time()
+        self.skipped_steps, self.t0 = 0, time.time()
 
 
 def _versions() -> dict[str, str]:
@@ -266,7 +266,6 @@ class Trainer:
             if update:
                 window.skipped_steps += not self.engine.step()
             done = step + 1
-            window.steps += 1
             writer.advance()
             if done % cfg.log.every == 0 or done == self.total_steps:
                 last_loss = self._log_window(writer, done, window, step_stats)
