@@ -37,6 +37,19 @@ def hub_unreachable(timeout: float = 3.0) -> str | None:
     return None
 
 
+def _hub_name(name: str, key: str) -> str:
+    """`name` if it can be a hub repository id; else the path it names does not exist."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ConfigError(f"{key}={name!r} is neither a directory nor a Hugging Face hub name; give the path "
+                          f"of a save_pretrained directory or a hub id such as 'gpt2'") from None
+    return name
+
+
 def _model_cached(name: str, weights: bool) -> bool:
     from huggingface_hub import try_to_load_from_cache
 
@@ -53,17 +66,22 @@ def _dataset_cached(repo: str) -> bool:
 
 
 def hub_needs(cfg: RunConfig) -> list[str]:
-    """What this run would fetch from the hub (nothing local or already cached)."""
+    """What this run would fetch from the hub (nothing local or already cached).
+
+    Raises:
+        ConfigError: a backbone or tokenizer that is neither a directory nor a hub name.
+    """
     needs = []
     m, d = cfg.model, cfg.data
     local = Path(m.backbone).is_dir()
     if not local and not (m.from_scratch and m.backbone.split("/")[-1] in GPT2_NAMES):
-        if not _model_cached(m.backbone, weights=not m.from_scratch):
+        if not _model_cached(_hub_name(m.backbone, "model.backbone"), weights=not m.from_scratch):
             needs.append(f"the backbone {m.backbone!r} (model.backbone)")
     repo = CORPUS_REPOS.get(d.corpus)
     if repo is not None and d.path is None and not _dataset_cached(repo):
         needs.append(f"the corpus {d.corpus!r} ({repo}; data.corpus)")
-    if d.tokenizer is not None and not Path(d.tokenizer).exists() and not _model_cached(d.tokenizer, weights=False):
+    if (d.tokenizer is not None and not Path(d.tokenizer).exists()
+            and not _model_cached(_hub_name(d.tokenizer, "data.tokenizer"), weights=False)):
         needs.append(f"the tokenizer {d.tokenizer!r} (data.tokenizer)")
     return needs
 

@@ -40,6 +40,8 @@ def test_what_needs_the_hub(tmp_path, monkeypatch, gpt2_dir):
     assert needs("model.from_scratch=true", "data.corpus=wikitext103") == [
         "the corpus 'wikitext103' (Salesforce/wikitext; data.corpus)"]
     assert needs("model.from_scratch=true", "data.corpus=wikitext103", f"data.path={tmp_path}") == []
+    with pytest.raises(ConfigError, match=r"model.backbone='/no/such/dir' is neither a directory nor a Hugging Face"):
+        needs("model.backbone=/no/such/dir")
 
 
 def test_an_unreachable_hub_is_detected_in_milliseconds(monkeypatch):
