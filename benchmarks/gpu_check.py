@@ -63,6 +63,12 @@ PRESETS = ("memoria", "transformer")
 FAULT_EXIT = 17  # memoria_ds.train.faults.EXIT_CODE: a run killed on purpose
 
 
+def model_settings(scale: dict, preset: str, base: str = "{}") -> str:
+    """`model.settings` of a run: `base` (a YAML mapping) plus the scale's memory for Memoria."""
+    parts = [base[1:-1]] + ([scale["memoria"][1:-1]] if preset == "memoria" else [])
+    return "{" + ", ".join(p for p in parts if p.strip()) + "}"
+
+
 def missing_requirements(need_cuda: bool) -> str | None:
     """One line naming what is missing, or None."""
     absent = [m for m in NEEDED if importlib.util.find_spec(m) is None]
@@ -178,8 +184,7 @@ class Check:
                   f"optim.micro_batch_size={s['micro']}", f"optim.max_steps={s['steps']}",
                   f"checkpoint.every={s['ckpt']}"]
         for preset in PRESETS:
-            settings = s["train_settings"].rstrip("}") + (", " + s["memoria"][1:-1] if preset == "memoria" and
-                                                          s["memoria"] != "{}" else "") + "}"
+            settings = model_settings(s, preset, s["train_settings"])
             run = self.out / f"train_{preset}"
             shutil.rmtree(run, ignore_errors=True)
             args = self.finetune_args(run, preset, s["zero2"], *common, f"model.settings={settings}")
@@ -216,7 +221,7 @@ class Check:
         for preset in PRESETS:
             run = self.out / f"lora_{preset}"
             shutil.rmtree(run, ignore_errors=True)
-            extra = [f"model.settings={s['memoria']}"] if preset == "memoria" and s["memoria"] != "{}" else []
+            extra = [f"model.settings={model_settings(s, preset)}"]
             args = self.finetune_args(run, preset, s["zero3"], f"model.backbone={backbone}", "model.from_scratch=false",
                                       "lora.enabled=true", f"optim.micro_batch_size={s['lora_micro']}",
                                       f"optim.max_steps={s['lora_steps']}", "checkpoint.every=0",
@@ -328,13 +333,12 @@ def dry_run(a: argparse.Namespace) -> int:
     s = SCALES["tiny" if a.tiny else "gpu"]
     plans = []
     for preset in PRESETS:
-        mem = ", " + s["memoria"][1:-1] if preset == "memoria" and s["memoria"] != "{}" else ""
         plans.append((f"train_{preset}", s["zero2"], [f"model.backbone={s['train_backbone']}",
-                      "model.from_scratch=true", f"model.settings={s['train_settings'].rstrip('}') + mem + '}'}",
+                      "model.from_scratch=true", f"model.settings={model_settings(s, preset, s['train_settings'])}",
                       f"optim.micro_batch_size={s['micro']}", f"model.preset={preset}"]))
-        lora_settings = "{" + ", ".join(f"{k}: {v}" for k, v in s["lora_shape"].items()) + mem + "}"
+        shape = "{" + ", ".join(f"{k}: {v}" for k, v in s["lora_shape"].items()) + "}"
         plans.append((f"lora_{preset}(shape)", s["zero3"], ["model.backbone=gpt2", "model.from_scratch=true",
-                      f"model.settings={lora_settings}", f"optim.micro_batch_size={s['lora_micro']}",
+                      f"model.settings={model_settings(s, preset, shape)}", f"optim.micro_batch_size={s['lora_micro']}",
                       f"model.preset={preset}"]))
     for name, ds, overrides in plans:
         cfg = load(RunConfig, None, [*overrides, f"optim.precision={s['precision']}", f"data.segment_length={s['segment']}"])

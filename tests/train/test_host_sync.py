@@ -14,7 +14,6 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import torch
 from torch.overrides import TorchFunctionMode
 
 from memoria_ds.train.config import RunConfig
