@@ -44,13 +44,14 @@ class _Window:
     """Training sums of one logging window, kept on the device (no host sync per step).
 
     A micro-batch whose loss is not finite adds nothing to the loss, scored-token and token
-    sums; it is counted in `skipped`, and `first_bad` keeps the earliest one as
-    `step * grad_accum + micro_batch` (`NONE` if there was none since the run started).
+    sums; it is counted in `skipped`, and (if `track_first`) `first_bad` keeps the earliest
+    one as `step * grad_accum + micro_batch` (`NONE` if there was none since the run started).
     """
 
     NONE = 2**62
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, track_first: bool) -> None:
+        self.track_first = track_first  # only `nan_policy=stop` names the first bad step
         zero = torch.zeros((), dtype=torch.float64, device=device)
         self.loss_sum, self.scored, self.tokens, self.skipped = (zero.clone() for _ in range(4))
         self.first_bad = torch.full((), self.NONE, dtype=torch.int64, device=device)
@@ -63,7 +64,8 @@ class _Window:
         self.scored += torch.where(good, scored, 0)
         self.tokens += torch.where(good, tokens, 0)
         self.skipped += bad
-        torch.minimum(self.first_bad, torch.where(bad, code, self.NONE), out=self.first_bad)
+        if self.track_first:
+            torch.minimum(self.first_bad, torch.where(bad, code, self.NONE), out=self.first_bad)
 
     def clear(self) -> None:
         for t in (self.loss_sum, self.scored, self.tokens, self.skipped):
@@ -227,7 +229,7 @@ class Trainer:
         writer = MetricsWriter(self.run_dir, enabled=info.is_main, total_steps=self.total_steps,
                                initial_step=self.start_step, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress)
         policy = cfg.data.reset_policy
-        window = _Window(self.device)
+        window = _Window(self.device, track_first=cfg.optim.nan_policy == "stop")
         batches = iter(self.streams)
         step_stats: list = []  # the memory statistics of the step's micro-batches
         last_loss: float | None = None
