@@ -10,15 +10,25 @@ written to `<run_dir>/config.yaml` at the start of every run.
 
 from __future__ import annotations
 
+import difflib
+import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..data.corpora import CORPORA
 from ..data.reset import ResetPolicy
 from ..memory import MemoriaConfig
-from ..model.config import resolve_preset
+from ..model.config import MemoriaGPT2Config, resolve_preset
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
+
+
+@functools.cache
+def _model_fields() -> frozenset[str]:
+    """Every key `model.settings` may hold: the fields of MemoriaGPT2Config (GPT-2's included)."""
+    return frozenset(MemoriaGPT2Config().to_dict()) - {"_name_or_path", "architectures", "transformers_version",
+                                                        "model_type"}
 
 
 @dataclass
@@ -48,6 +58,15 @@ class ModelSection:
 
     def __post_init__(self) -> None:
         # the preset and the memory settings fail here, before any data or model work
+        unknown = sorted(set(self.settings) - _model_fields())
+        if unknown:
+            hints = {k: difflib.get_close_matches(k, _model_fields(), n=1) for k in unknown}
+            said = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
+            raise ValueError(f"unknown `model.settings` key(s) {said}; they are MemoriaGPT2Config fields "
+                             f"(memoria_ds/model/config.py) or GPT2Config fields")
+        if "n_embd" in self.settings and "n_head" in self.settings and self.settings["n_embd"] % self.settings["n_head"]:
+            raise ValueError(f"`model.settings.n_head` ({self.settings['n_head']}) must divide `n_embd` "
+                             f"({self.settings['n_embd']})")
         values = resolve_preset(self.preset, **self.settings)  # unknown preset: ValueError naming the known ones
         if values.get("memoria"):
             MemoriaConfig.from_dict(values["memoria"])
@@ -180,6 +199,9 @@ class OptimSection:
     nan_policy: Literal["skip", "stop"] = "skip"
 
     def __post_init__(self) -> None:
+        for name in ("lr", "weight_decay", "eps", "grad_clip", "warmup_ratio"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"`optim.{name}` ({getattr(self, name)}) must be a finite number")
         if self.lr <= 0:
             raise ValueError(f"`optim.lr` ({self.lr}) must be > 0")
         if not 0 <= self.warmup_ratio < 1:
@@ -223,9 +245,15 @@ class CheckpointSection:
 
 @dataclass
 class LogSection:
+    """Logging: a record every `every` optimiser steps (and at the end); TensorBoard; a progress bar."""
+
     every: int = 10
     tensorboard: bool = True
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError(f"`log.every` ({self.every}) must be at least 1")
 
 
 @dataclass
@@ -261,6 +289,11 @@ class EvalSection:
         if bad:
             raise ValueError(f"unknown eval protocol(s) {bad}; use `full` and/or `paper`")
         ResetPolicy.parse(self.reset)
+        if self.every < 0 or self.num_streams < 0:
+            raise ValueError(f"`eval.every` ({self.every}) and `eval.num_streams` ({self.num_streams}) must be >= 0 "
+                             f"(0: only at the end / one stream per rank)")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"`eval.max_steps` ({self.max_steps}) must be at least 1, or null")
 
 
 @dataclass
@@ -288,6 +321,12 @@ class RunConfig:
     eval: EvalSection = field(default_factory=EvalSection)
 
     def __post_init__(self) -> None:
+        # a from-scratch model gets GPT-2's 1024 positions unless told otherwise; every segment
+        # restarts at position 0 (the memory models included), so a segment must fit
+        positions = self.model.settings.get("n_positions", 1024)
+        if self.model.from_scratch and self.data.segment_length > positions:
+            raise ValueError(f"`data.segment_length` ({self.data.segment_length}) exceeds the model's positions "
+                             f"(`model.settings.n_positions` = {positions}); raise n_positions or shorten segments")
         if self.lora.enabled and self.model.from_scratch:
             raise ValueError("LoRA adapts a pretrained backbone: set `lora.enabled: false` for `model.from_scratch`")
 

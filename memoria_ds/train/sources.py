@@ -86,12 +86,28 @@ def hub_needs(cfg: RunConfig) -> list[str]:
     return needs
 
 
+def check_local_files(cfg: RunConfig) -> None:
+    """Every `data.files` path exists (a glob must match something).
+
+    Raises:
+        ConfigError: the first split and path that finds no file.
+    """
+    import glob
+
+    for split, paths in cfg.data.files.items():
+        for path in [paths] if isinstance(paths, str) else paths:
+            if not glob.glob(str(path)):
+                raise ConfigError(f"data.files.{split}: {str(path)!r} matches no file")
+
+
 def check_sources(cfg: RunConfig) -> None:
-    """Stop with what to do if the run needs the hub and cannot reach it.
+    """Stop with what to do if a local data file is missing, or the run needs the hub and
+    cannot reach it.
 
     Raises:
         ConfigError: a few lines: why, what needed it, the offline alternatives.
     """
+    check_local_files(cfg)
     needs = hub_needs(cfg)
     if not needs:
         return

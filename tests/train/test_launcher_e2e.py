@@ -175,7 +175,8 @@ def test_configuration_mistakes_stop_before_training(tmp_path):
     assert proc.returncode == 2
     assert "train_batch_size (3) != micro_batch (2) * grad_accum (1) * world_size (1) = 2" in proc.stderr
     proc = run_training(tmp_path / "c", "data.corpus=files", f"data.files={{train: [{tmp_path / 'missing.txt'}]}}")
-    assert proc.returncode != 0 and "missing.txt" in proc.stderr
+    assert proc.returncode == 2 and f"data.files.train: '{tmp_path / 'missing.txt'}' matches no file" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "c").exists()
     # a fresh start over a run directory with checkpoints is refused rather than overwriting them
     check(run_training(tmp_path / "d", "optim.max_steps=3"))
     proc = run_training(tmp_path / "d", "checkpoint.resume=null")

@@ -16,6 +16,17 @@ from memoria_ds.train.typed import ConfigError, load
         (["data.corpus=/data/my.txt"], r"unknown `data.corpus` '/data/my.txt'.*data.corpus=files"),
         (["data.corpus=wikitext"], r"choose from \['bundled', 'enwik8', 'pg19', 'wikitext103', 'files', 'sorting'\]"),
         (["data.corpus=files"], r"needs `data.files`"),
+        (["model.settings.n_layers=1"], r"unknown `model.settings` key\(s\) 'n_layers' \(did you mean 'n_layer'\?\)"),
+        (["model.settings={n_embd: 30, n_head: 4}"], r"`model.settings.n_head` \(4\) must divide `n_embd` \(30\)"),
+        (["log.every=0"], r"`log.every` \(0\) must be at least 1"),
+        (["optim.lr=.inf"], r"`optim.lr` \(inf\) must be a finite number"),
+        (["optim.lr=.nan"], r"`optim.lr` \(nan\) must be a finite number"),
+        (["optim.grad_clip=.nan"], r"`optim.grad_clip` \(nan\) must be a finite number"),
+        (["eval.every=-5"], r"`eval.every` \(-5\) and `eval.num_streams` \(0\) must be >= 0"),
+        (["eval.max_steps=0"], r"`eval.max_steps` \(0\) must be at least 1"),
+        (["model.from_scratch=true", "data.segment_length=300", "model.settings={n_positions: 256}"],
+         r"`data.segment_length` \(300\) exceeds the model's positions \(`model.settings.n_positions` = 256\)"),
+        (["model.from_scratch=true", "data.segment_length=2048"], r"exceeds the model's positions .* = 1024"),
     ],
 )
 def test_mistakes_are_caught_when_the_config_loads(overrides, message):
