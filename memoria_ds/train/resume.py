@@ -61,6 +61,12 @@ def choose_checkpoint(cfg: RunConfig, log) -> CheckpointInfo | None:
         return None
     if want == "auto":
         info, skipped = find_latest(root)
+        if info is None and skipped:  # checkpoints, none usable: a silent fresh start would overwrite them
+            raise CheckpointError(
+                f"{root} holds checkpoints but none is usable: " + "; ".join(skipped) + ". Nothing was "
+                f"overwritten. To start this run afresh on purpose, move {root} aside (or delete it) or choose "
+                f"another run_dir; to try one of them anyway, --resume PATH says what is wrong with it"
+            )
         for note in skipped:
             log(f"resume: skipping a newer unusable checkpoint: {note}")
         return info

@@ -164,6 +164,17 @@ def test_resume_refuses_an_incompatible_or_corrupt_checkpoint(tmp_path):
     shard.write_bytes(shard.read_bytes()[:-10] + b"9876543210")
     proc = run_training(run, f"checkpoint.resume={run / 'checkpoints' / 'step_00000006'}")
     assert proc.returncode == 1 and "does not match its checksum" in proc.stderr
+    # no usable checkpoint at all: `auto` refuses instead of restarting over them
+    for step in (6, 3):
+        shard = run / "checkpoints" / f"step_{step:08d}" / "rank_00000.pt"
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    before = {p: p.read_bytes() for p in (run / "checkpoints").rglob("*") if p.is_file()}
+    lines = len((run / "metrics.jsonl").read_text().splitlines())
+    proc = run_training(run, "checkpoint.resume=auto", launcher="python")
+    assert proc.returncode == 1 and "holds checkpoints but none is usable" in proc.stderr, proc.stderr[-2000:]
+    assert "step_00000006" in proc.stderr and "step_00000003" in proc.stderr and "move" in proc.stderr
+    assert {p: p.read_bytes() for p in (run / "checkpoints").rglob("*") if p.is_file()} == before
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == lines, "nothing was trained"
 
 
 def test_configuration_mistakes_stop_before_training(tmp_path):
