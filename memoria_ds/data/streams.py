@@ -212,6 +212,14 @@ class TokenStreams(EpochCursor):
 
     # ------------------------------------------------------------------ batches
 
+    def has_targets(self, step: int) -> bool:
+        """Every segment of running text is scored (the same question `ExampleStreams` answers)."""
+        return True
+
+    def count_target_steps(self, steps: int) -> int:
+        """How many of the first `steps` steps feed a scored segment: all of them."""
+        return steps
+
     def batch_at(self, epoch: int, step: int) -> StreamBatch:
         """Segment `step` of epoch `epoch` of this rank's streams (no state change)."""
         if not 0 <= step < self.steps_per_epoch:

@@ -132,7 +132,7 @@ class Trainer:
         self.vocab_size = vocab
         self.total_steps = cfg.optim.max_steps or cfg.optim.epochs * self.streams.steps_per_epoch
         # optimizer updates (the learning-rate schedule's length): steps whose segment holds targets
-        self.update_steps = self.streams.count_target_steps(self.total_steps) if self.sorting else self.total_steps
+        self.update_steps = self.streams.count_target_steps(self.total_steps)
 
         zero3 = self.ds_config is not None and self.ds_config.get("zero_optimization", {}).get("stage") == 3
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
@@ -244,7 +244,7 @@ class Trainer:
             step_stats = []
             # A segment without targets (the sorting task's input) runs forward only, to write
             # the memory: no loss, no gradient, no optimizer step (it would be all zeros).
-            update = not self.sorting or self.streams.has_targets(batch.step)
+            update = self.streams.has_targets(batch.step)
             for j in range(self.accum):
                 rows = slice(j * self.micro, (j + 1) * self.micro)
                 targets = batch.targets[rows]
