@@ -1,6 +1,6 @@
 """The GPU acceptance check: one command, offline, one report (markdown + JSON).
 
-    bash launch/gpu_check.sh                 # on any CUDA machine; about 10 minutes on one H100
+    bash launch/gpu_check.sh                 # on any CUDA machine; sized for < 10 min on one H100
     bash launch/gpu_check.sh --dry-run       # anywhere: validate every run and DeepSpeed config it would use
     bash launch/gpu_check.sh --tiny          # anywhere: the whole check at tiny shapes (CPU is fine)
 
