@@ -92,3 +92,17 @@ def test_built_from_a_base_model_checkpoint_without_prefix(backbone_config, tmp_
     with torch.no_grad():
         hidden = base(x).last_hidden_state
         torch.testing.assert_close(model(x).logits, hidden @ base.wte.weight.T, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("preset", ["xl", "memoria", "memoria_wm", "memoria_full_width", "memoria_fast"])
+@pytest.mark.parametrize("init", ["noop", "random"])
+def test_one_seed_gives_every_preset_the_plain_models_backbone(backbone_config, preset, init):
+    """A from-scratch comparison is paired: with one seed, every preset starts from the same
+    backbone weights as `transformer` (the memory's modules do not shift the backbone's draws),
+    so a difference after training is the memory's, not the luck of the init."""
+    torch.manual_seed(7)
+    plain = build_model(backbone_config, "transformer").state_dict()
+    torch.manual_seed(7)
+    model = build_model(backbone_config, preset, memory_init=init).state_dict()
+    for name, value in plain.items():
+        assert torch.equal(model[name], value), name
