@@ -28,12 +28,15 @@ MEMORY_TYPES = ("none", "xl", "memoria")
 ATTENTION_MODES = ("sequential", "parallel")
 INIT_MODES = ("noop", "random")
 ABSTRACTOR_STYLES = ("transformer", "authors")
+XL_POSITIONS = ("shared", "alternate")
 
 # The comparisons of the paper, by name. Values are overrides of `MemoriaGPT2Config`
 # fields; a `memoria` dict is merged into the Memoria settings (not replacing them).
 PRESETS: dict[str, dict[str, Any]] = {
     "transformer": {"memory_type": "none"},
-    "xl": {"memory_type": "xl"},
+    # alternating position banks: the cached segment never shares positions with the current
+    # one (docs/model.md, "Transformer-XL positions"; measured in benchmarks/real_text.py)
+    "xl": {"memory_type": "xl", "xl_positions": "alternate"},
     # Table 7 ablations: working memory only, + short-term memory, + long-term memory (full)
     "memoria_wm": {"memory_type": "memoria", "memoria": {"use_stm": False, "use_ltm": False}},
     "memoria_wm_stm": {"memory_type": "memoria", "memoria": {"use_ltm": False}},
@@ -94,6 +97,13 @@ class MemoriaGPT2Config(GPT2Config):
             layers with no activation: what the authors' code does).
         xl_memory_length: keys/values per layer kept by `xl`; `None` = the previous
             segment's length.
+        xl_positions: how `xl` places a segment among GPT-2's absolute positions.
+            `"shared"`: every segment at 0..L-1, so a cached key and a current key of the
+            same place in their segments carry the same position (what configs saved
+            without this field mean). `"alternate"`: segments since a reset alternate
+            between two banks, 0..L-1 and S..S+L-1 with S = n_positions // 2, so the
+            cached previous segment always sits in the other bank (the `xl` preset's
+            choice; segments must fit in S).
         segment_length: the segment length the model is trained with; `generate()` feeds
             a long prompt in segments of this length unless told otherwise.
     """
@@ -110,6 +120,7 @@ class MemoriaGPT2Config(GPT2Config):
     memory_init: str = "noop"
     abstractor_style: str = "transformer"
     xl_memory_length: int | None = None
+    xl_positions: str = "shared"
     segment_length: int | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
@@ -148,12 +159,15 @@ class MemoriaGPT2Config(GPT2Config):
             raise ValueError(
                 f"the memory attention width ({inner}) must be a positive multiple of `memory_heads` ({heads})"
             )
+        if self.xl_positions not in XL_POSITIONS:
+            raise ValueError(f"`xl_positions` must be one of {XL_POSITIONS}, got {self.xl_positions!r}")
         if self.xl_memory_length is not None and self.xl_memory_length < 1:
             raise ValueError(f"`xl_memory_length` ({self.xl_memory_length}) must be >= 1, or None for one segment")
-        if self.segment_length is not None and not 1 <= self.segment_length <= self.n_positions:
+        if self.segment_length is not None and not 1 <= self.segment_length <= self.positions_per_segment:
+            banks = " (half of n_positions: `xl_positions='alternate'` uses two banks)" if self.position_banks > 1 else ""
             raise ValueError(
-                f"`segment_length` ({self.segment_length}) must be in [1, n_positions={self.n_positions}]: "
-                f"GPT-2's learned positions stop there"
+                f"`segment_length` ({self.segment_length}) must be in [1, {self.positions_per_segment}]{banks}: "
+                f"GPT-2's learned positions (n_positions={self.n_positions}) stop there"
             )
 
     # ------------------------------------------------------------------ derived values
@@ -161,6 +175,16 @@ class MemoriaGPT2Config(GPT2Config):
     def memoria_config(self) -> MemoriaConfig:
         """The Memoria settings as the memory engine's typed config."""
         return MemoriaConfig.from_dict(self.memoria)
+
+    @property
+    def position_banks(self) -> int:
+        """How many banks of positions segments alternate between (2 for `xl` with alternating positions)."""
+        return 2 if self.memory_type == "xl" and self.xl_positions == "alternate" else 1
+
+    @property
+    def positions_per_segment(self) -> int:
+        """S: a segment (with its decoded tokens) must fit in S positions; bank b starts at b * S."""
+        return self.n_positions // self.position_banks
 
     @property
     def resolved_memory_layers(self) -> list[int]:
@@ -235,8 +259,9 @@ def _memory_fields() -> set[str]:
         "memory_init",
         "abstractor_style",
         "xl_memory_length",
+        "xl_positions",
         "segment_length",
     }
 
 
-__all__ = ["MemoriaGPT2Config", "PRESETS", "MEMORY_TYPES", "DEFAULT_MEMORY_WIDTH_RATIO", "resolve_preset"]
+__all__ = ["MemoriaGPT2Config", "PRESETS", "MEMORY_TYPES", "XL_POSITIONS", "DEFAULT_MEMORY_WIDTH_RATIO", "resolve_preset"]

@@ -7,7 +7,8 @@ decode cache, attending to a *frozen read* of the memory (`memory_context`): Mem
 working memory from the last fed segment and the engrams it reminds (read from a copy of
 the engine state, so the memory itself is untouched), or Transformer-XL's cached
 keys/values. The generated segment is not memorized; `len(rest) + max_new_tokens` must
-fit in GPT-2's `n_positions`.
+fit in the positions of a segment (GPT-2's `n_positions`; half of them for `xl` with
+alternating positions).
 
 Notation: B rows, N working-memory engrams, R reminded slots, D width.
 """
@@ -96,9 +97,10 @@ class MemoryGenerationMixin(GenerationMixin):
         B, T = input_ids.shape
         S = segment_length or self.config.segment_length
         if S is None:
-            if T > self.config.n_positions:
+            if T > self.config.positions_per_segment:
                 raise ValueError(
-                    f"a prompt of {T} tokens exceeds n_positions={self.config.n_positions}: pass `segment_length` "
+                    f"a prompt of {T} tokens exceeds the {self.config.positions_per_segment} positions of a segment "
+                    f"(n_positions={self.config.n_positions}): pass `segment_length` "
                     f"(or set config.segment_length) to feed it through memory segment by segment"
                 )
             S = T

@@ -254,13 +254,19 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
         B, L = input_ids.shape
         device = input_ids.device
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if past + L > cfg.n_positions:
+        if past + L > cfg.positions_per_segment:
+            banks = " (half of n_positions: `xl_positions='alternate'`)" if cfg.position_banks > 1 else ""
             raise ValueError(
-                f"{past + L} positions in this segment exceed GPT-2's n_positions={cfg.n_positions}; "
-                f"use shorter segments (each segment restarts at position 0)"
+                f"{past + L} positions in this segment exceed the {cfg.positions_per_segment} a segment may use"
+                f"{banks}; GPT-2's n_positions={cfg.n_positions}. Use shorter segments"
             )
 
+        xl: XLMemory | None = None
+        if cfg.memory_type == "xl":
+            xl = memory_context if decoding else self._prepare_memory(memory, B, device, reset)
         positions = torch.arange(past, past + L, device=device)[None]  # (1, L)
+        if xl is not None and cfg.position_banks > 1:  # this segment's bank: the other one than the cached segment's
+            positions = positions + (xl.segments % cfg.position_banks)[:, None] * cfg.positions_per_segment  # (B, L)
         hidden = self.transformer.drop(self.transformer.wte(input_ids) + self.transformer.wpe(positions))  # (B, L, D)
         dtype = hidden.dtype
         key_padding = attention_mask.to(device=device, dtype=torch.bool) if attention_mask is not None else None
@@ -268,7 +274,6 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
 
         ctx: MemoriaContext | None = None
         retrieval = None
-        xl: XLMemory | None = None
         if cfg.memory_type == "memoria":
             if decoding:
                 ctx = memory_context
@@ -276,7 +281,6 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
                 memory = self._prepare_memory(memory, B, device, reset)
                 ctx, retrieval = self._read_memory(memory, dtype)
         elif cfg.memory_type == "xl":
-            xl = memory_context if decoding else self._prepare_memory(memory, B, device, reset)
             memory = None if decoding else xl
         elif not decoding:
             memory = self._prepare_memory(memory, B, device, reset)
@@ -369,6 +373,7 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
         xl.keys = torch.stack([k for k, _ in rolled_k], dim=1)  # (B, Y, H, M, hd)
         xl.values = torch.stack(rolled_v, dim=1)
         xl.mask = rolled_k[0][1]
+        xl.segments = xl.segments + 1
 
 
 def _gate_stats(stats: MemoryStats, active: Tensor, capacity: int) -> MemoryStats:

@@ -107,11 +107,19 @@ class XLMemory:
         values: (B, Y, H, M, hd) cached values.
         mask: (B, M) bool, True where a slot holds a token of this row's stream (the
             oldest slots come first; a reset row has none).
+        segments: (B,) int64, segments written since the row's last reset (its parity
+            picks the position bank of the next segment, `xl_positions="alternate"`).
+            None (a memory saved before it existed) reads as zeros.
     """
 
     keys: Tensor
     values: Tensor
     mask: Tensor
+    segments: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.segments is None:
+            self.segments = torch.zeros(self.mask.shape[0], dtype=torch.int64, device=self.mask.device)
 
     @classmethod
     def empty(
@@ -154,35 +162,42 @@ class XLMemory:
             self.mask.zero_()
             self.keys.zero_()
             self.values.zero_()
+            self.segments.zero_()
             return
         mask = mask.to(self.mask.device, torch.bool)
         self.mask.masked_fill_(mask[:, None], False)
+        self.segments.masked_fill_(mask, 0)
         rows = mask[:, None, None, None, None]  # (B, 1, 1, 1, 1) over (B, Y, H, M, hd)
         self.keys.masked_fill_(rows, 0.0)
         self.values.masked_fill_(rows, 0.0)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"kind": "xl", "format": FORMAT, "keys": self.keys, "values": self.values, "mask": self.mask}
+        return {"kind": "xl", "format": FORMAT, "keys": self.keys, "values": self.values, "mask": self.mask,
+                "segments": self.segments}
 
     @classmethod
     def from_state_dict(cls, state_dict: dict[str, Any], device: torch.device | str | None = None) -> XLMemory:
         _check_format(state_dict, "xl")
-        out = cls(state_dict["keys"], state_dict["values"], state_dict["mask"])
+        out = cls(state_dict["keys"], state_dict["values"], state_dict["mask"], state_dict.get("segments"))
         if (
             out.keys.shape != out.values.shape
             or out.keys.shape[0] != out.mask.shape[0]
             or out.keys.shape[3] != out.mask.shape[1]
+            or out.segments.shape != out.mask.shape[:1]
         ):
             raise ValueError(
                 f"inconsistent xl memory: keys {tuple(out.keys.shape)}, values {tuple(out.values.shape)}, "
-                f"mask {tuple(out.mask.shape)}"
+                f"mask {tuple(out.mask.shape)}, segments {tuple(out.segments.shape)}"
             )
         return out.to(device) if device is not None else out
 
     def take_rows(self, rows: Tensor | list[int]) -> XLMemory:
         idx = _rows(rows, self.device)
         return XLMemory(
-            self.keys.index_select(0, idx), self.values.index_select(0, idx), self.mask.index_select(0, idx)
+            self.keys.index_select(0, idx),
+            self.values.index_select(0, idx),
+            self.mask.index_select(0, idx),
+            self.segments.index_select(0, idx),
         )
 
     def put_rows(self, rows: Tensor | list[int], other: XLMemory) -> None:
@@ -202,12 +217,13 @@ class XLMemory:
         self.keys.index_copy_(0, idx, keys)
         self.values.index_copy_(0, idx, values)
         self.mask.index_copy_(0, idx, _pad_length(other.mask, length, 1, left=True).to(self.device))
+        self.segments.index_copy_(0, idx, other.segments.to(self.device))
 
     def to(self, device: torch.device | str) -> XLMemory:
-        return XLMemory(self.keys.to(device), self.values.to(device), self.mask.to(device))
+        return XLMemory(self.keys.to(device), self.values.to(device), self.mask.to(device), self.segments.to(device))
 
     def clone(self) -> XLMemory:
-        return XLMemory(self.keys.clone(), self.values.clone(), self.mask.clone())
+        return XLMemory(self.keys.clone(), self.values.clone(), self.mask.clone(), self.segments.clone())
 
     @staticmethod
     def cat(memories: list[XLMemory]) -> XLMemory:
@@ -217,6 +233,7 @@ class XLMemory:
             torch.cat([_pad_length(m.keys, length, 3, left=True) for m in memories]),
             torch.cat([_pad_length(m.values, length, 3, left=True) for m in memories]),
             torch.cat([_pad_length(m.mask, length, 1, left=True) for m in memories]),
+            torch.cat([m.segments for m in memories]),
         )
 
 

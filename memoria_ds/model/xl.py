@@ -4,15 +4,18 @@ Each segment's self-attention also attends to the cached (detached) keys/values 
 last M tokens of the stream, per layer (Dai et al. 2019, without their relative
 positions: GPT-2's are absolute and learned).
 
-Positions. Every segment uses positions 0..L-1, exactly as the plain backbone does, so
-any number of segments runs without leaving GPT-2's `n_positions` and the first segment
-after a reset is exactly the backbone. Cached keys/values keep the positions they were
-computed at (their place in their own segment); no absolute scheme can give them
-consistent positions without recomputing them, so the model tells memory from the
-current segment by content and learned position only. (A key at position j with j >
-the query's position can only be memory.) Like Transformer-XL, the receptive field grows
-with depth: the keys cached at layer l depended on the memory of the segment before, so
-segment t can depend on up to `n_layer` earlier segments when M = L.
+Positions (`MemoriaGPT2Config.xl_positions`). Cached keys/values keep the positions they
+were computed at; no absolute scheme can re-position them without recomputing them. With
+`"shared"` every segment uses 0..L-1, so a cached key and a current key of the same place
+carry the same position and position-seeking heads confuse them (measured to cost the
+model its memory; docs/model.md). With `"alternate"` (the `xl` preset) segments since a
+reset alternate between the banks 0..L-1 and S..S+L-1 (S = n_positions // 2), so the
+cached previous segment always has other positions than the current one; the model adds
+the bank offset to the positions it embeds, from `XLMemory.segments`. Either way the first
+segment after a reset is exactly the backbone and any number of segments runs. Like
+Transformer-XL, the receptive field grows with depth: the keys cached at layer l depended
+on the memory of the segment before, so segment t can depend on up to `n_layer` earlier
+segments when M = L.
 
 The cached keys/values reach `GPT2Attention` through its `past_key_values` argument:
 `ExtendedKeyValues` stands in for a HF `Cache` (GPT-2 only calls its `update`), prepends
