@@ -17,6 +17,8 @@ import sys
 
 from .checkpoint import CheckpointError
 from .config import RunConfig
+from .run_lock import RunDirInUse
+from .run_lock import probe as probe_run_dir
 from .sources import check_sources
 from .typed import ConfigError, load
 
@@ -64,7 +66,8 @@ def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2"
     try:
         cfg = parse(argv, description, base_overrides or [])
         check_sources(cfg)  # a backbone or corpus on an unreachable hub: a few lines now, not a traceback later
-    except ConfigError as e:
+        probe_run_dir(cfg.run_dir)  # another live run in this directory: refuse before any work
+    except (ConfigError, RunDirInUse) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

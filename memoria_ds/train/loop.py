@@ -32,8 +32,9 @@ from .engine import DeepSpeedEngine, TorchEngine, TrainEngine, check_ds_config, 
 from .export import export_hf
 from .metrics import MetricsWriter
 from .resume import check_compatible, choose_checkpoint, describe_resume, ensure_universal, fingerprint
+from .run_lock import RunDirInUse, RunLock
 from .shards import make_shard, restore_memories, set_rng_state
-from .typed import dump, to_dict
+from .typed import ConfigError, dump, to_dict
 
 
 class NonFiniteLoss(RuntimeError):
@@ -86,6 +87,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, info: DistInfo) -> None:
         self.cfg, self.info = cfg, info
         self.run_dir = Path(cfg.run_dir)
+        self.lock = RunLock(self.run_dir)
         self.device = info.device
         self.precision = resolve_precision(cfg.optim.precision, info.device)
         self.micro, self.accum = cfg.optim.micro_batch_size, cfg.optim.grad_accum
@@ -166,8 +168,18 @@ class Trainer:
         torch.manual_seed(cfg.seed + 1000 * (info.rank + 1))  # dropout streams differ per rank
         if self.resume_from is not None:
             self._resume(self.resume_from)
-        if info.is_main:  # created only now that the run can start
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+        # created (and locked: one run per directory) only now that the run can start; the
+        # outcome is collective so that every rank stops if another run took the directory first
+        in_use = None
+        if info.is_main:
+            try:
+                self.lock.acquire()
+            except RunDirInUse as e:
+                in_use = str(e)
+        in_use = dist_utils.broadcast_object(in_use)
+        if in_use is not None:
+            raise ConfigError(in_use)
+        if info.is_main:
             dump(cfg, self.run_dir / "config.yaml")
             if isinstance(self.engine, DeepSpeedEngine):
                 (self.run_dir / "ds_config.json").write_text(json.dumps(self.engine.config, indent=1))
@@ -412,5 +424,8 @@ def run(cfg: RunConfig, info: DistInfo) -> dict[str, Any]:
     """Build, resume if asked, train, evaluate, checkpoint and export one run."""
     warnings.filterwarnings("ignore", message=".*torch.utils._pytree._register_pytree_node.*")
     trainer = Trainer(cfg, info)
-    trainer.setup()
-    return trainer.train()
+    try:
+        trainer.setup()
+        return trainer.train()
+    finally:
+        trainer.lock.release()

@@ -1,0 +1,107 @@
+"""One run per run directory: an advisory lock that a killed run does not leave behind.
+
+The lock is `fcntl.flock` on `<run_dir>/.lock`: the kernel releases it when the process that
+holds it ends, however it ends (kill -9 included), so no stale lock needs cleaning up. The
+file says who holds it (pid, host, start time) for the refusal message.
+
+    probe(run_dir)          every rank, before anything expensive: refuse a directory in use
+    RunLock(run_dir).acquire()   rank 0, when it creates the directory: hold it to the end
+
+Every rank probes before it joins the process group and rank 0 acquires only after all have
+joined, so the ranks of one run never see their own lock. A probe takes a shared lock for an
+instant; the holder's exclusive lock retries for a few seconds, so a probe of another run at
+that instant does not make it fail.
+
+Limits: `flock` is per host on some network filesystems (older NFS, some Lustre mounts): two
+runs on different hosts over such a mount are not kept apart.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+LOCK_NAME = ".lock"
+
+
+class RunDirInUse(RuntimeError):
+    """Another live run holds the directory."""
+
+
+def _holder(path: Path) -> str:
+    try:
+        info = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not info:
+        return "another run"
+    return f"another run (pid {info.get('pid')} on {info.get('host')}, started {info.get('started')})"
+
+
+def _message(run_dir: Path, path: Path) -> str:
+    return (f"run_dir {run_dir} is in use by {_holder(path)}; wait for it to finish, stop it, "
+            f"or choose another run_dir")
+
+
+def probe(run_dir: str | os.PathLike) -> None:
+    """Raise `RunDirInUse` if a live run holds `run_dir` (nothing is created or kept)."""
+    run_dir = Path(run_dir)
+    path = run_dir / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RunDirInUse(_message(run_dir, path)) from None
+    finally:
+        os.close(fd)  # closing releases the shared lock
+
+
+class RunLock:
+    """The exclusive lock of one run on its directory (held until `release` or process exit)."""
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self, wait_s: float = 5.0) -> None:
+        """Take the lock (creating the directory), or raise `RunDirInUse` after `wait_s`."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise RunDirInUse(_message(self.run_dir, self.path)) from None
+                time.sleep(0.05)
+        info = {"pid": os.getpid(), "host": socket.gethostname(),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}  # fmt: skip
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock; the file stays (a later probe finds it free)
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+__all__ = ["probe", "RunLock", "RunDirInUse", "LOCK_NAME"]

@@ -1,0 +1,96 @@
+"""One run per run directory (issue 17 item 4): a second run is refused, a killed one leaves no lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from memoria_ds.train.run_lock import LOCK_NAME, RunDirInUse, RunLock, probe
+
+from .launch_util import FINETUNE, ROOT, TINY, check, metrics, run_training
+
+HOLD = "import sys, time; from memoria_ds.train.run_lock import RunLock; RunLock(sys.argv[1]).acquire(); " \
+       "print('held', flush=True); time.sleep(600)"
+
+
+def _holder(run_dir):
+    """Another process that holds the lock of `run_dir` until killed."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_probe_and_lock_in_one_directory(tmp_path):
+    probe(tmp_path / "new")  # nothing there: free, and nothing is created
+    assert not (tmp_path / "new").exists()
+    with RunLock(tmp_path / "run") as lock:
+        info = json.loads((tmp_path / "run" / LOCK_NAME).read_text())
+        assert info["pid"] == os.getpid()
+        assert lock.path.exists()
+    probe(tmp_path / "run")  # released: free again
+    RunLock(tmp_path / "run").acquire()  # and can be taken again
+
+
+def test_a_live_holder_is_named_and_a_killed_one_leaves_no_lock(tmp_path):
+    run_dir = tmp_path / "run"
+    holder = _holder(run_dir)
+    try:
+        with pytest.raises(RunDirInUse, match=rf"in use by another run \(pid {holder.pid} on .*choose another run_dir"):
+            probe(run_dir)
+        with pytest.raises(RunDirInUse, match=str(holder.pid)):
+            RunLock(run_dir).acquire(wait_s=0.2)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    probe(run_dir)  # the kernel released it with the process: no stale lock
+    RunLock(run_dir).acquire(wait_s=0.2)
+
+
+def test_a_run_on_a_directory_in_use_stops_at_once_and_writes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    holder = _holder(run_dir)
+    try:
+        proc = run_training(run_dir)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error")]
+    assert len(lines) == 1 and f"pid {holder.pid}" in lines[0] and "choose another run_dir" in lines[0], lines
+    assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_NAME]  # no config.yaml, metrics or checkpoints
+    check(run_training(run_dir))  # the holder is gone: the directory is free
+
+
+def test_two_real_runs_on_one_directory(tmp_path):
+    """The second of two launcher runs on one directory is refused; the first runs to the end
+    with its records and checkpoints its own."""
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1")
+    env.pop("MEMORIA_DS_FAULT", None)
+    first = subprocess.Popen(
+        [sys.executable, FINETUNE, *TINY, f"run_dir={run_dir}", "optim.max_steps=150", "checkpoint.every=50",
+         "eval.at_end=false", "engine=torch"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not ((run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text().strip()):
+            assert first.poll() is None, first.communicate()[1][-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        second = run_training(run_dir, "optim.max_steps=150", "engine=torch", launcher="python")
+        out, err = first.communicate(timeout=600)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert second.returncode == 2 and "is in use by another run" in second.stderr, second.stderr[-3000:]
+    assert first.returncode == 0, err[-3000:]
+    steps = [r["step"] for r in metrics(run_dir)]
+    assert steps == sorted(set(steps)) and steps[-1] == 150  # one writer: no interleaved or repeated records
