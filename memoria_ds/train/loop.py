@@ -33,7 +33,7 @@ from .export import export_hf
 from .metrics import MetricsWriter
 from .resume import check_compatible, choose_checkpoint, describe_resume, ensure_universal, fingerprint
 from .run_lock import RunDirInUse, RunLock
-from .shards import make_shard, restore_memories, set_rng_state
+from .shards import make_shard, restore_memories, seed_everything, set_rng_state
 from .typed import ConfigError, dump, to_dict
 
 
@@ -72,6 +72,7 @@ class _Window:
         for t in (self.loss_sum, self.scored, self.tokens, self.skipped):
             t.zero_()
         self.skipped_steps, self.t0 = 0, time.time()
+        self.last_step_applied = True  # the window's last optimizer step was applied (else no grad norm)
 
 
 def _versions() -> dict[str, str]:
@@ -137,7 +138,7 @@ class Trainer:
         self.update_steps = self.streams.count_target_steps(self.total_steps)
 
         zero3 = self.ds_config is not None and self.ds_config.get("zero_optimization", {}).get("stage") == 3
-        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+        seed_everything(cfg.seed)  # the same initial weights on every rank
         if zero3:
             # HF builds / loads the model straight into ZeRO-3 partitions while this object
             # lives (a GPT-2 XL is never materialised whole on every rank). It is unset right
@@ -165,7 +166,7 @@ class Trainer:
         # fresh at the next step (a device flag, OR-ed into the reset mask: no host sync)
         self._no = torch.zeros((), dtype=torch.bool, device=self.device)
         self.discard = [self._no] * self.accum
-        torch.manual_seed(cfg.seed + 1000 * (info.rank + 1))  # dropout streams differ per rank
+        seed_everything(cfg.seed + 1000 * (info.rank + 1))  # dropout streams differ per rank
         if self.resume_from is not None:
             self._resume(self.resume_from)
         # created (and locked: one run per directory) only now that the run can start; the
@@ -222,7 +223,7 @@ class Trainer:
         if same:
             set_rng_state(shards[0]["rng"])
         else:
-            torch.manual_seed(self.cfg.seed + 7919 * ckpt.step + info.rank)
+            seed_everything(self.cfg.seed + 7919 * ckpt.step + info.rank)
             self.log(f"resume: {ckpt.world_size} -> {info.world_size} ranks: weights, optimizer and schedule via "
                      f"DeepSpeed's universal checkpoint; memory rows and streams re-sharded by stream id; "
                      f"RNG states re-seeded (they cannot be mapped between world sizes)")
@@ -238,8 +239,11 @@ class Trainer:
         engine's own check skips that optimizer step, and the memory rows of its micro-batch
         start fresh at the next step."""
         cfg, info = self.cfg, self.info
+        if self.start_step >= self.total_steps:
+            return self._already_done()
         writer = MetricsWriter(self.run_dir, enabled=info.is_main, total_steps=self.total_steps,
-                               initial_step=self.start_step, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress)
+                               initial_step=self.start_step, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,
+                               resumed_at=self.start_step if self.resume_from is not None else None)
         policy = cfg.data.reset_policy
         window = _Window(self.device, track_first=cfg.optim.nan_policy == "stop")
         batches = iter(self.streams)
@@ -278,7 +282,8 @@ class Trainer:
                 self.memories[j], self.discard[j] = out.memory, bad
                 window.add(loss.detach(), bad, scored, batch.attention_mask[rows].sum(), step * self.accum + j)
             if update:
-                window.skipped_steps += not self.engine.step()
+                window.last_step_applied = self.engine.step()
+                window.skipped_steps += not window.last_step_applied
             done = step + 1
             writer.advance()
             if done % cfg.log.every == 0 or done == self.total_steps:
@@ -303,6 +308,16 @@ class Trainer:
         if info.is_main:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
+
+    def _already_done(self) -> dict[str, Any]:
+        """Resumed at the last step: nothing to train, evaluate or export again; the records stand."""
+        self.log(f"the run already reached step {self.total_steps} (its last); nothing to do. To train further, "
+                 f"raise optim.max_steps (or optim.epochs) and resume")
+        path = self.run_dir / "summary.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        return {"steps": self.total_steps, "final_train_loss": None, "eval": [], "export": None,
+                "run_dir": str(self.run_dir)}
 
     def _stop_if_nonfinite(self, window: _Window) -> None:
         """Under `optim.nan_policy=stop`, raise if any rank saw a non-finite loss (one host sync).
@@ -333,7 +348,7 @@ class Trainer:
         values = {"loss": loss, "ppl": math.exp(min(loss, 50.0)) if scored else None,
                   "tok/s": tokens / elapsed, "lr": self.engine.lr(), "skipped_micro_batches": skipped,
                   "skipped_steps": skipped_steps, "epoch": (step - 1) // self.streams.steps_per_epoch}
-        norm = self.engine.grad_norm()
+        norm = self.engine.grad_norm() if w.last_step_applied else None  # a skipped step has none
         if norm is not None:
             values["grad_norm"] = norm
         if self.device.type == "cuda":

@@ -12,19 +12,23 @@ from tqdm.auto import tqdm
 
 
 class MetricsWriter:
-    """Writes one record per logging step to `<run_dir>/metrics.jsonl` (appending on resume),
+    """Writes one record per logging step to `<run_dir>/metrics.jsonl` (appending on resume,
+    after dropping the records of steps past the checkpoint resumed from: they are re-run),
     the same scalars to TensorBoard (`<run_dir>/tb`), and keeps a tqdm bar. Ranks other than
     0 get a writer that does nothing."""
 
     def __init__(self, run_dir: Path, *, enabled: bool, total_steps: int, initial_step: int,
-                 tensorboard: bool, progress: bool) -> None:
+                 tensorboard: bool, progress: bool, resumed_at: int | None = None) -> None:
         self.enabled = enabled
         self._tb = None
         self._bar = None
         self._file = None
         if not enabled:
             return
-        self._file = open(Path(run_dir) / "metrics.jsonl", "a", buffering=1)
+        path = Path(run_dir) / "metrics.jsonl"
+        if resumed_at is not None:
+            drop_records_after(path, resumed_at)
+        self._file = open(path, "a", buffering=1)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -69,6 +73,32 @@ class MetricsWriter:
             self._tb.close()
         if self._file is not None:
             self._file.close()
+
+
+def drop_records_after(path: Path, step: int) -> int:
+    """Remove the records of steps after `step` from a metrics file (atomically); returns how many.
+
+    A run that crashed after its last checkpoint logged steps that the resumed run trains
+    again; keeping both would give two records per step. Unreadable lines (a torn last line
+    from the crash) go too.
+    """
+    if not path.exists():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            keep = json.loads(line)["step"] <= step
+        except (ValueError, KeyError, TypeError):
+            keep = False
+        if keep:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+        tmp.replace(path)
+    return dropped
 
 
 def _jsonable(v: Any) -> Any:

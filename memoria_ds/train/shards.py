@@ -27,6 +27,13 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
+def seed_everything(seed: int) -> None:
+    """Seed every RNG a run uses: Python's `random`, NumPy's global one and torch's (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])

@@ -80,6 +80,8 @@ def test_kill_then_resume_equals_uninterrupted(tmp_path):
     check(run_training(killed, "checkpoint.resume=auto"))
     a, b = losses_by_step(whole), losses_by_step(killed)
     assert set(b) == {1, 2, 3, 4, 5, 6}
+    steps = [r["step"] for r in metrics(killed)]
+    assert steps == [1, 2, 3, 4, 5, 6], "step 4 (logged, then killed before its checkpoint) is recorded once"
     for step in (4, 5, 6):  # steps run after the resume from step 3
         assert a[step] == b[step], f"step {step}: uninterrupted {a[step]!r} vs resumed {b[step]!r}"
     # the memory at the end is bit-identical too
@@ -127,6 +129,8 @@ def test_nan_skip_policy_skips_exactly_that_step(tmp_path, ds, precision, engine
     assert (train[2]["skipped_micro_batches"], train[2]["skipped_steps"]) == (1, 1)
     assert (train[3]["skipped_micro_batches"], train[3]["skipped_steps"]) == (0, 0)
     assert train[2]["loss"] is None and train[2]["ppl"] is None, "nothing was scored in step 2"
+    assert "grad_norm" not in train[2], "a skipped step has no gradient norm (not the previous step's)"
+    assert all(math.isfinite(train[s]["grad_norm"]) for s in (1, 3)), train
     assert all(isinstance(train[s]["loss"], float) and math.isfinite(train[s]["loss"]) for s in (1, 3)), train
     w1, w2, w3 = (_weights(run, s, engine) for s in (1, 2, 3))
     assert w1.keys() == w2.keys() and len(w1) > 0
@@ -200,3 +204,16 @@ def test_plain_python_with_and_without_deepspeed(tmp_path):
         check(run_training(run, f"engine={engine}", "optim.max_steps=3", launcher="python"))
         assert [r["step"] for r in metrics(run)] == [1, 2, 3]
         assert validate(run / "checkpoints" / "step_00000003").step == 3
+
+
+def test_a_finished_run_rerun_changes_nothing(tmp_path):
+    """Resuming a run that already reached its last step trains, evaluates and records nothing
+    again: the summary stays valid JSON with the real final loss, the eval is not duplicated."""
+    run = tmp_path / "run"
+    check(run_training(run))
+    summary = (run / "summary.json").read_text()
+    records = (run / "metrics.jsonl").read_text()
+    proc = check(run_training(run, "checkpoint.resume=auto"))
+    assert "already reached step 6" in proc.stdout, proc.stdout[-2000:]
+    assert (run / "summary.json").read_text() == summary and math.isfinite(json.loads(summary)["final_train_loss"])
+    assert (run / "metrics.jsonl").read_text() == records
