@@ -55,6 +55,14 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
+def step_of(path: Path) -> int:
+    """The step of a `step_XXXXXXXX` checkpoint folder."""
+    match = _STEP_DIR.match(Path(path).name)
+    if match is None:
+        raise ValueError(f"{path} is not a checkpoint folder (step_XXXXXXXX)")
+    return int(match.group(1))
+
+
 def shard_name(rank: int) -> str:
     return f"rank_{rank:05d}.pt"
 

@@ -102,6 +102,42 @@ class TrainEngine(ABC):
     @abstractmethod
     def load(self, directory: Path, tag: str, strict: bool) -> None: ...
 
+    def _optimizer_and_scheduler(self) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def apply_hyperparameters(self, lr: float, weight_decay: float, betas: tuple[float, float],
+                              eps: float) -> dict[str, tuple[Any, Any]]:
+        """Set the configured optimizer settings over a restored optimizer and schedule.
+
+        A resumed run continues the saved Adam moments and the schedule's position, but the
+        settings are the configuration's: a changed `optim.lr` (the peak of the schedule),
+        `weight_decay`, `betas` or `eps` takes effect from the next step instead of being
+        overwritten by the saved values. (The schedule's shape, warm-up and length, is always
+        the configuration's: it is a function, not state.)
+
+        Returns:
+            {name: (saved, now)} for each setting that differed from the checkpoint's.
+        """
+        opt, sched = self._optimizer_and_scheduler()
+        groups = opt.param_groups
+        changed: dict[str, tuple[Any, Any]] = {}
+        saved = {"lr": sched.base_lrs[0], "weight_decay": groups[0].get("weight_decay"),
+                 "betas": tuple(groups[0].get("betas", betas)), "eps": groups[0].get("eps", eps)}
+        now = {"lr": lr, "weight_decay": weight_decay, "betas": tuple(betas), "eps": eps}
+        for key in now:
+            if saved[key] != now[key]:
+                changed[key] = (saved[key], now[key])
+        sched.base_lrs = [lr] * len(sched.base_lrs)
+        for i, (group, fn) in enumerate(zip(groups, sched.lr_lambdas)):
+            group["lr"] = lr * fn(sched.last_epoch)
+            group["weight_decay"] = weight_decay if i == 0 else 0.0  # group 0: matrices (`param_groups`)
+            if "betas" in group:
+                group["betas"] = tuple(betas)
+            if "eps" in group:
+                group["eps"] = eps
+        sched._last_lr = [g["lr"] for g in groups]
+        return changed
+
     def train(self) -> None:
         self.module.train()
 
@@ -135,6 +171,9 @@ class DeepSpeedEngine(TrainEngine):
     @property
     def zero_stage(self) -> int:
         return self._engine.zero_optimization_stage()
+
+    def _optimizer_and_scheduler(self) -> tuple[Any, Any]:
+        return self._engine.optimizer, self._engine.lr_scheduler
 
     def forward(self, *args, **kwargs):
         return self._engine(*args, **kwargs)
@@ -200,6 +239,9 @@ class TorchEngine(TrainEngine):
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return True
+
+    def _optimizer_and_scheduler(self) -> tuple[Any, Any]:
+        return self.optimizer, self.scheduler
 
     def lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])

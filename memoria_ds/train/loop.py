@@ -31,7 +31,8 @@ from .ds_config import read_ds_config, resolve_ds_config
 from .engine import DeepSpeedEngine, TorchEngine, TrainEngine, check_ds_config, guard_loss
 from .export import export_hf
 from .metrics import MetricsWriter
-from .resume import check_compatible, choose_checkpoint, describe_resume, ensure_universal, fingerprint
+from .resume import (check_compatible, choose_checkpoint, describe_resume, ensure_universal, fingerprint,
+                     set_aside_newer)
 from .run_lock import RunDirInUse, RunLock
 from .shards import make_shard, restore_memories, seed_everything, set_rng_state
 from .typed import ConfigError, dump, to_dict
@@ -181,6 +182,8 @@ class Trainer:
         if in_use is not None:
             raise ConfigError(in_use)
         if info.is_main:
+            if self.resume_from is not None:
+                set_aside_newer(self.resume_from, self.run_dir, self.log)
             dump(cfg, self.run_dir / "config.yaml")
             if isinstance(self.engine, DeepSpeedEngine):
                 (self.run_dir / "ds_config.json").write_text(json.dumps(self.engine.config, indent=1))
@@ -217,6 +220,10 @@ class Trainer:
             tag = ensure_universal(ckpt, info.rank)
             self.engine.load(ckpt.path, tag, strict=not self.lora)
             shards = load_all_shards(ckpt)
+        o = self.cfg.optim
+        for name, (was, now) in self.engine.apply_hyperparameters(o.lr, o.weight_decay, tuple(o.betas), o.eps).items():
+            self.log(f"resume: optim.{name} changed since the checkpoint ({was} -> {now}): applied from step "
+                     f"{ckpt.step + 1}, over the restored optimizer state and schedule position")
         mine = shards[0] if same else next(s for s in shards if s["rank"] == 0)
         self.streams.load_state_dict(mine["streams"])
         self.memories = restore_memories(shards, self.stream_ids, self.micro, self.device, self.memoria_config)

@@ -21,11 +21,12 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from . import distributed as dist_utils
-from .checkpoint import ENGINE_TAG, CheckpointError, CheckpointInfo, find_latest, list_checkpoints, validate
+from .checkpoint import ENGINE_TAG, CheckpointError, CheckpointInfo, find_latest, list_checkpoints, step_of, validate
 from .config import RunConfig
 from .typed import to_dict
 
@@ -71,6 +72,29 @@ def choose_checkpoint(cfg: RunConfig, log) -> CheckpointInfo | None:
             log(f"resume: skipping a newer unusable checkpoint: {note}")
         return info
     return validate(Path(want))
+
+
+def set_aside_newer(info: CheckpointInfo, run_dir: Path, log) -> Path | None:
+    """Move this run's checkpoints newer than the one resumed from into `checkpoints/abandoned/`.
+
+    A rollback (an explicit older checkpoint, or `auto` past newer unusable ones) starts a new
+    timeline: left in place, the newer checkpoints of the old one would be picked by the next
+    `--resume auto` and would make pruning delete the checkpoint resumed from. They are moved,
+    not deleted, and the log says where. Returns the folder they went to (None if none).
+    """
+    root = Path(run_dir) / "checkpoints"
+    if Path(info.path).resolve().parent != root.resolve():
+        return None  # resumed from another run's directory: nothing here to set aside
+    newer = [p for p, _ in list_checkpoints(root) if step_of(p) > info.step]
+    if not newer:
+        return None
+    target = root / "abandoned" / time.strftime("%Y%m%d-%H%M%S") / f"after_step_{info.step:08d}"
+    target.mkdir(parents=True, exist_ok=True)
+    for p in newer:
+        os.rename(p, target / p.name)
+    log(f"resume: from step {info.step}, so the newer checkpoint(s) {', '.join(p.name for p in newer)} of the "
+        f"abandoned timeline were set aside in {target} (not resumed by auto, not pruned; delete them when sure)")
+    return target
 
 
 def check_compatible(info: CheckpointInfo, cfg: RunConfig) -> None:

@@ -217,3 +217,46 @@ def test_a_finished_run_rerun_changes_nothing(tmp_path):
     assert "already reached step 6" in proc.stdout, proc.stdout[-2000:]
     assert (run / "summary.json").read_text() == summary and math.isfinite(json.loads(summary)["final_train_loss"])
     assert (run / "metrics.jsonl").read_text() == records
+
+
+def test_a_rollback_sets_the_abandoned_checkpoints_aside(tmp_path):
+    """Resuming from an older checkpoint starts a new timeline: the newer checkpoints of the old
+    one are moved to checkpoints/abandoned/ (said in the log), so pruning keeps the checkpoint
+    resumed from and a crash followed by `--resume auto` continues the new timeline."""
+    run = tmp_path / "run"
+    ckpts = run / "checkpoints"
+    check(run_training(run, "checkpoint.every=1", "checkpoint.keep_last=3"))
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000004", "step_00000005", "step_00000006"]
+    old6 = (ckpts / "step_00000006" / "rank_00000.pt").read_bytes()
+    proc = run_training(run, "checkpoint.every=1", "checkpoint.keep_last=3",
+                        f"checkpoint.resume={ckpts / 'step_00000004'}", fault="kill_after_step:5")
+    assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
+    assert "step_00000005, step_00000006 of the abandoned timeline were set aside" in proc.stdout, proc.stdout[-3000:]
+    abandoned = list((ckpts / "abandoned").glob("*/after_step_00000004"))
+    assert len(abandoned) == 1
+    assert sorted(p.name for p in abandoned[0].iterdir()) == ["step_00000005", "step_00000006"]
+    assert (abandoned[0] / "step_00000006" / "rank_00000.pt").read_bytes() == old6  # moved, untouched
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000004", "step_00000005"]
+    assert find_latest(ckpts)[0].step == 5  # the new timeline's, not the abandoned step 6
+    proc = check(run_training(run, "checkpoint.every=1", "checkpoint.keep_last=3", "checkpoint.resume=auto"))
+    assert '"step": 5' in proc.stdout and "set aside" not in proc.stdout
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000004", "step_00000005", "step_00000006"]
+    assert (abandoned[0] / "step_00000006" / "rank_00000.pt").read_bytes() == old6  # still set aside
+
+
+@pytest.mark.parametrize("ds", ["cpu.json", "cpu_zero3.json"])
+def test_a_changed_learning_rate_is_applied_on_resume(tmp_path, ds):
+    """Resuming with another `optim.lr` (the NaN-stop advice) changes the peak of the restored
+    schedule from the next step on, and says so; it is not overwritten by the saved value."""
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    cfg = f"deepspeed={ROOT / 'ds_configs' / ds}"
+    check(run_training(whole, cfg))
+    proc = run_training(resumed, cfg, fault="kill_after_step:4")
+    assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
+    proc = check(run_training(resumed, cfg, "optim.lr=2e-3", "checkpoint.resume=auto"))
+    assert "optim.lr changed since the checkpoint (0.001 -> 0.002): applied from step 4" in proc.stdout, proc.stdout
+    a = {r["step"]: r["lr"] for r in metrics(whole)}
+    b = {r["step"]: r["lr"] for r in metrics(resumed)}
+    assert all(b[s] == a[s] for s in (1, 2, 3)) and all(abs(b[s] - 2 * a[s]) < 1e-12 for s in (4, 5, 6)), (a, b)
+    losses_a, losses_b = losses_by_step(whole), losses_by_step(resumed)
+    assert losses_b[4] == losses_a[4] and losses_b[5] != losses_a[5]  # step 4 read the weights of step 3
