@@ -260,3 +260,21 @@ def test_a_changed_learning_rate_is_applied_on_resume(tmp_path, ds):
     assert all(b[s] == a[s] for s in (1, 2, 3)) and all(abs(b[s] - 2 * a[s]) < 1e-12 for s in (4, 5, 6)), (a, b)
     losses_a, losses_b = losses_by_step(whole), losses_by_step(resumed)
     assert losses_b[4] == losses_a[4] and losses_b[5] != losses_a[5]  # step 4 read the weights of step 3
+
+
+@pytest.mark.parametrize("kind", ["optim_states", "model_states"])
+def test_a_corrupt_engine_file_is_skipped_like_a_corrupt_shard(tmp_path, kind):
+    """64 bytes flipped in the middle of DeepSpeed's engine state (same size): `auto` skips that
+    checkpoint with the file named and resumes from the previous one, instead of loading
+    altered weights or failing in the unpickler."""
+    run = tmp_path / "run"
+    check(run_training(run))
+    target = next((run / "checkpoints" / "step_00000006" / "engine").rglob(f"*{kind}.pt"))
+    data = bytearray(target.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 64] = bytes(b ^ 0xFF for b in data[mid:mid + 64])
+    target.write_bytes(bytes(data))
+    proc = check(run_training(run, "optim.max_steps=7", "checkpoint.resume=auto"))
+    out = proc.stdout + proc.stderr
+    assert "does not match its checksum" in out and target.name in out, out[-3000:]
+    assert '"step": 3' in proc.stdout
