@@ -18,6 +18,7 @@ removed: the previous checkpoint stays intact and stays the one `--resume auto` 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -138,42 +139,76 @@ def save_checkpoint(
         staging.mkdir()
     dist_utils.barrier()
 
-    engine.save(staging, ENGINE_TAG, exclude_frozen=exclude_frozen)
-    atomic_torch_save(dict(shard, format=FORMAT, rank=rank, world_size=world_size, step=step), staging / shard_name(rank))
-    dist_utils.barrier()
+    failure = None
+    try:
+        engine.save(staging, ENGINE_TAG, exclude_frozen=exclude_frozen)
+        if faults.active("disk_full_during_save", step):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(staging / shard_name(rank)))
+        atomic_torch_save(dict(shard, format=FORMAT, rank=rank, world_size=world_size, step=step),
+                          staging / shard_name(rank))
+    except (OSError, RuntimeError) as e:  # disk full, read-only, quota: torch raises RuntimeError for those too
+        failure = f"rank {rank}: {_short(e)}"
+    _agree(failure, root, staging, step, rank)
     if faults.active("kill_during_save", step):
         faults.kill(f"while saving step {step}")
 
+    failure = None
     if rank == 0:
-        files = {}
-        for p in sorted(staging.rglob("*")):
-            if p.is_file():
-                files[str(p.relative_to(staging))] = p.stat().st_size
-        manifest = {
-            "format": FORMAT,
-            "step": step,
-            "world_size": world_size,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "engine_tag": ENGINE_TAG,
-            "files": files,
-            # every file (engine state included): a flipped byte anywhere is caught before loading
-            # (about 1 s per GB on rank 0; checked newest first on resume, not when pruning)
-            "sha256": {rel: _sha256(staging / rel) for rel in files},
-            "meta": meta,
-        }
-        atomic_write_bytes(staging / MANIFEST, json.dumps(manifest, indent=1).encode())
-        _fsync_dir(staging)
-        if final.exists():  # a re-save of the same step: move the old one aside first
-            old = root / f".old-{final.name}-{os.getpid()}"
-            os.rename(final, old)
-            os.rename(staging, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(staging, final)
-        _fsync_dir(root)
-        prune(root, keep_last)
-    dist_utils.barrier()
+        try:
+            _finalise(root, staging, final, step, world_size, meta, keep_last)
+        except (OSError, RuntimeError) as e:
+            failure = f"rank 0: {_short(e)}"
+    _agree(failure, root, staging, step, rank)  # (a collective: every rank sees the final folder)
     return final
+
+
+def _finalise(root: Path, staging: Path, final: Path, step: int, world_size: int, meta: dict[str, Any],
+              keep_last: int) -> None:
+    """Rank 0, once every rank's files are in `staging`: the manifest, the rename, pruning."""
+    files = {}
+    for p in sorted(staging.rglob("*")):
+        if p.is_file():
+            files[str(p.relative_to(staging))] = p.stat().st_size
+    manifest = {
+        "format": FORMAT,
+        "step": step,
+        "world_size": world_size,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "engine_tag": ENGINE_TAG,
+        "files": files,
+        # every file (engine state included): a flipped byte anywhere is caught before loading
+        # (about 1 s per GB on rank 0; checked newest first on resume, not when pruning)
+        "sha256": {rel: _sha256(staging / rel) for rel in files},
+        "meta": meta,
+    }
+    atomic_write_bytes(staging / MANIFEST, json.dumps(manifest, indent=1).encode())
+    _fsync_dir(staging)
+    if final.exists():  # a re-save of the same step: move the old one aside first
+        old = root / f".old-{final.name}-{os.getpid()}"
+        os.rename(final, old)
+        os.rename(staging, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(staging, final)
+    _fsync_dir(root)
+    prune(root, keep_last)
+
+
+def _agree(failure: str | None, root: Path, staging: Path, step: int, rank: int) -> None:
+    """Every rank learns whether any rank failed to write; if one did, the staging folder goes
+    and every rank raises the same `CheckpointError` (no rank waits forever at a barrier)."""
+    failures = [f for f in dist_utils.gather_objects(failure) if f is not None]
+    if not failures:
+        return
+    if rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+    dist_utils.barrier()
+    kept = [p.name for p, problem in list_checkpoints(root) if problem is None]
+    raise CheckpointError(
+        f"could not write checkpoint {step_dir_name(step)} under {root} ({'; '.join(failures)}); its partial "
+        f"files were removed and the earlier checkpoints are intact ({', '.join(kept) or 'none yet'}). Free "
+        f"space there (or point run_dir elsewhere) and resume with --resume auto"
+    )
 
 
 def prune(root: Path, keep_last: int) -> None:
@@ -185,6 +220,14 @@ def prune(root: Path, keep_last: int) -> None:
         shutil.rmtree(p, ignore_errors=True)
     for p in root.glob(".old-*"):
         shutil.rmtree(p, ignore_errors=True)
+
+
+def _short(e: BaseException) -> str:
+    """One line for an I/O failure: the OS's reason and path, or the first line of torch's message."""
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__
 
 
 def validate(path: Path, verify_contents: bool = True) -> CheckpointInfo:

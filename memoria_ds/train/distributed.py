@@ -119,6 +119,16 @@ def all_min(value: torch.Tensor) -> int:
     return int(t.item())
 
 
+def gather_objects(obj) -> list:
+    """Every rank's `obj` (picklable), on every rank; [obj] without a process group. For rare,
+    small agreements (a failed save), not for the step."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        out = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+    return [obj]
+
+
 def broadcast_object(obj, src: int = 0):
     """`obj` from rank `src` on every rank."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):

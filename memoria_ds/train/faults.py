@@ -6,6 +6,8 @@ Set `MEMORIA_DS_FAULT=<kind>:<step>` in the environment of a run:
     kill_during_save:N   every rank exits while checkpoint N is half written (engine state
                          and shards on disk, no manifest, not renamed into place)
     nan_loss:N           rank 0's loss at step N (first micro-batch) becomes NaN
+    disk_full_during_save:N   writing checkpoint N fails as on a full disk (ENOSPC) after
+                         the engine state was written
 
 Nothing happens when the variable is unset. The hooks exist so the atomic-save guarantee,
 resume-after-kill and the NaN policies are tested with the real launcher, not described.

@@ -278,3 +278,19 @@ def test_a_corrupt_engine_file_is_skipped_like_a_corrupt_shard(tmp_path, kind):
     out = proc.stdout + proc.stderr
     assert "does not match its checksum" in out and target.name in out, out[-3000:]
     assert '"step": 3' in proc.stdout
+
+
+def test_a_full_disk_during_a_save_says_where_and_cleans_up(tmp_path):
+    """A save that fails like a full disk stops the run (exit 1) with one line naming the
+    checkpoint, the path and the reason, removes its partial files, and keeps the earlier
+    checkpoint, from which the run resumes."""
+    run = tmp_path / "run"
+    proc = run_training(run, fault="disk_full_during_save:6")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error")]
+    assert len(lines) == 1 and "could not write checkpoint step_00000006" in lines[0], proc.stderr[-3000:]
+    assert "No space left on device" in lines[0] and "step_00000003" in lines[0] and "Traceback" not in proc.stderr
+    ckpts = run / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000003"], "no staging folder is left behind"
+    check(run_training(run, "checkpoint.resume=auto"))
+    assert find_latest(ckpts)[0].step == 6
