@@ -109,7 +109,8 @@ def parse_variant(spec: str) -> tuple[str, dict, dict]:
 
 def make_model(spec: str, a: argparse.Namespace, seed: int) -> tuple[torch.nn.Module, dict]:
     preset, settings, knobs = parse_variant(spec)
-    backbone = GPT2Config(vocab_size=a.vocab_size, n_positions=max(a.segment, 2 * a.segment), n_layer=a.layers,
+    # two segments of positions: `xl` alternates between two banks (the others use the first)
+    backbone = GPT2Config(vocab_size=a.vocab_size, n_positions=2 * a.segment, n_layer=a.layers,
                           n_embd=a.width, n_head=a.heads)  # fmt: skip
     if PRESETS[preset]["memory_type"] == "memoria":
         memoria = {"num_wm": a.num_wm, "num_stm_reminded": a.num_wm, "num_ltm_reminded": a.num_wm,
