@@ -35,7 +35,7 @@ XL_POSITIONS = ("shared", "alternate")
 PRESETS: dict[str, dict[str, Any]] = {
     "transformer": {"memory_type": "none"},
     # alternating position banks: the cached segment never shares positions with the current
-    # one (docs/model.md, "Transformer-XL positions"; measured in benchmarks/real_text.py)
+    # one (docs/model.md, "Transformer-XL baseline"; measured in benchmarks/real_text.py)
     "xl": {"memory_type": "xl", "xl_positions": "alternate"},
     # Table 7 ablations: working memory only, + short-term memory, + long-term memory (full)
     "memoria_wm": {"memory_type": "memoria", "memoria": {"use_stm": False, "use_ltm": False}},

@@ -7,8 +7,9 @@ positions: GPT-2's are absolute and learned).
 Positions (`MemoriaGPT2Config.xl_positions`). Cached keys/values keep the positions they
 were computed at; no absolute scheme can re-position them without recomputing them. With
 `"shared"` every segment uses 0..L-1, so a cached key and a current key of the same place
-carry the same position and position-seeking heads confuse them (measured to cost the
-model its memory; docs/model.md). With `"alternate"` (the `xl` preset) segments since a
+carry the same position, so a head that seeks a position cannot tell the cached token from
+the current one (tested; the measured effect on books is in docs/model.md). With
+`"alternate"` (the `xl` preset) segments since a
 reset alternate between the banks 0..L-1 and S..S+L-1 (S = n_positions // 2), so the
 cached previous segment always has other positions than the current one; the model adds
 the bank offset to the positions it embeds, from `XLMemory.segments`. Either way the first

@@ -325,13 +325,14 @@ class RunConfig:
         # restarts at position 0 (the memory models included), so a segment must fit
         positions = self.model.settings.get("n_positions", 1024)
         values = resolve_preset(self.model.preset, **self.model.settings)
-        if values.get("memory_type") == "xl" and values.get("xl_positions", "shared") == "alternate":
+        banks = values.get("memory_type") == "xl" and values.get("xl_positions", "shared") == "alternate"
+        if banks:
             positions //= 2  # two banks of positions (MemoriaGPT2Config.xl_positions)
         if self.model.from_scratch and self.data.segment_length > positions:
-            raise ValueError(f"`data.segment_length` ({self.data.segment_length}) exceeds the {positions} positions a "
-                             f"segment may use (`model.settings.n_positions` = "
-                             f"{self.model.settings.get('n_positions', 1024)}; `xl` with alternating positions uses "
-                             f"half of them); raise n_positions or shorten segments")
+            half = " (`xl` alternates between two banks: a segment may use half of them)" if banks else ""
+            raise ValueError(f"`data.segment_length` ({self.data.segment_length}) exceeds the model's positions "
+                             f"(`model.settings.n_positions` = {self.model.settings.get('n_positions', 1024)}){half}; "
+                             f"raise n_positions or shorten segments")
         if self.lora.enabled and self.model.from_scratch:
             raise ValueError("LoRA adapts a pretrained backbone: set `lora.enabled: false` for `model.from_scratch`")
 

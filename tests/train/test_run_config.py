@@ -27,6 +27,8 @@ from memoria_ds.train.typed import ConfigError, load
         (["model.from_scratch=true", "data.segment_length=300", "model.settings={n_positions: 256}"],
          r"`data.segment_length` \(300\) exceeds the model's positions \(`model.settings.n_positions` = 256\)"),
         (["model.from_scratch=true", "data.segment_length=2048"], r"exceeds the model's positions .* = 1024"),
+        (["model.from_scratch=true", "model.preset=xl", "data.segment_length=200", "model.settings={n_positions: 256}"],
+         r"exceeds the model's positions \(`model.settings.n_positions` = 256\) \(`xl` alternates between two banks"),
     ],
 )
 def test_mistakes_are_caught_when_the_config_loads(overrides, message):
