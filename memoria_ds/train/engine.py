@@ -121,16 +121,20 @@ class TrainEngine(ABC):
         opt, sched = self._optimizer_and_scheduler()
         groups = opt.param_groups
         changed: dict[str, tuple[Any, Any]] = {}
-        saved = {"lr": sched.base_lrs[0], "weight_decay": groups[0].get("weight_decay"),
+        saved = {"lr": sched.base_lrs[0], "weight_decay": max(g.get("weight_decay", 0.0) for g in groups),
                  "betas": tuple(groups[0].get("betas", betas)), "eps": groups[0].get("eps", eps)}
         now = {"lr": lr, "weight_decay": weight_decay, "betas": tuple(betas), "eps": eps}
         for key in now:
             if saved[key] != now[key]:
                 changed[key] = (saved[key], now[key])
         sched.base_lrs = [lr] * len(sched.base_lrs)
+        # `param_groups` puts the decaying matrices first when there are any (ZeRO-3 keeps the
+        # full shape of a partitioned parameter in `ds_shape`)
+        has_matrices = any(len(getattr(p, "ds_shape", p.shape)) >= 2 for p in self.module.parameters()
+                           if p.requires_grad)
         for i, (group, fn) in enumerate(zip(groups, sched.lr_lambdas)):
             group["lr"] = lr * fn(sched.last_epoch)
-            group["weight_decay"] = weight_decay if i == 0 else 0.0  # group 0: matrices (`param_groups`)
+            group["weight_decay"] = weight_decay if i == 0 and has_matrices else 0.0
             if "betas" in group:
                 group["betas"] = tuple(betas)
             if "eps" in group:
