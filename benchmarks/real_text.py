@@ -248,9 +248,8 @@ def main() -> None:
         train_docs = {k: [new[t] for t in d] for k, d in train_docs.items()}
         held = {k: [new[t] for t in d] for k, d in held.items()}
         a.vocab_size = len(ids)
-    train_texts = train_docs
     corpus = TokenCorpus.from_token_lists(list(train_docs.values()))
-    print(f"train: {', '.join(train_texts)} ({corpus.num_tokens} tokens; {a.steps} steps of {a.streams} x "
+    print(f"train: {', '.join(train_docs)} ({corpus.num_tokens} tokens; {a.steps} steps of {a.streams} x "
           f"{a.segment} = {a.steps * a.streams * a.segment / corpus.num_tokens:.2f} epochs); held out: "
           + ", ".join(f"{k} ({len(v)} tokens)" for k, v in held.items()) + f"; vocabulary {a.vocab_size}", flush=True)  # fmt: skip
 

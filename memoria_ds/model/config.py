@@ -179,7 +179,7 @@ class MemoriaGPT2Config(GPT2Config):
     @property
     def position_banks(self) -> int:
         """How many banks of positions segments alternate between (2 for `xl` with alternating positions)."""
-        return 2 if self.memory_type == "xl" and self.xl_positions == "alternate" else 1
+        return position_banks(self.memory_type, self.xl_positions)
 
     @property
     def positions_per_segment(self) -> int:
@@ -234,6 +234,11 @@ class MemoriaGPT2Config(GPT2Config):
         return cls(**values)
 
 
+def position_banks(memory_type: str, xl_positions: str) -> int:
+    """Banks of positions a model's segments alternate between: a segment may use n_positions // banks."""
+    return 2 if memory_type == "xl" and xl_positions == "alternate" else 1
+
+
 def resolve_preset(preset: str | None, **settings: Any) -> dict[str, Any]:
     """Field overrides for a preset name plus explicit settings (the `memoria` dicts merged)."""
     if preset is not None and preset not in PRESETS:
@@ -264,4 +269,4 @@ def _memory_fields() -> set[str]:
     }
 
 
-__all__ = ["MemoriaGPT2Config", "PRESETS", "MEMORY_TYPES", "XL_POSITIONS", "DEFAULT_MEMORY_WIDTH_RATIO", "resolve_preset"]
+__all__ = ["MemoriaGPT2Config", "PRESETS", "MEMORY_TYPES", "XL_POSITIONS", "position_banks", "DEFAULT_MEMORY_WIDTH_RATIO", "resolve_preset"]

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from ..data.corpora import CORPORA
 from ..data.reset import ResetPolicy
 from ..memory import MemoriaConfig
-from ..model.config import MemoriaGPT2Config, resolve_preset
+from ..model.config import MemoriaGPT2Config, position_banks, resolve_preset
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
@@ -325,9 +325,8 @@ class RunConfig:
         # restarts at position 0 (the memory models included), so a segment must fit
         positions = self.model.settings.get("n_positions", 1024)
         values = resolve_preset(self.model.preset, **self.model.settings)
-        banks = values.get("memory_type") == "xl" and values.get("xl_positions", "shared") == "alternate"
-        if banks:
-            positions //= 2  # two banks of positions (MemoriaGPT2Config.xl_positions)
+        banks = position_banks(values.get("memory_type", "memoria"), values.get("xl_positions", "shared")) > 1
+        positions //= 2 if banks else 1  # MemoriaGPT2Config.xl_positions
         if self.model.from_scratch and self.data.segment_length > positions:
             half = " (`xl` alternates between two banks: a segment may use half of them)" if banks else ""
             raise ValueError(f"`data.segment_length` ({self.data.segment_length}) exceeds the model's positions "
