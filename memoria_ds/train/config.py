@@ -230,6 +230,13 @@ class CheckpointSection:
             refused rather than overwritten).
         export: write a Hugging Face directory (`<run_dir>/export`) at the end.
         merge_lora: export LoRA merged into the backbone (else the adapter is saved beside it).
+        max_abs: the largest magnitude a memory activation (engram vector, hidden state,
+            cached key or value) may have for a checkpoint to be written.
+        max_weight_growth: a weight's magnitude may grow to this many times the largest
+            weight the run started from (at least 1) for a checkpoint to be written.
+            Beyond either limit, or on a value that is not finite, the state is diverging:
+            nothing is written and the run stops, naming the last good checkpoint
+            (memoria_ds/train/health.py). `.inf` checks finiteness only.
     """
 
     every: int = 500
@@ -237,10 +244,16 @@ class CheckpointSection:
     resume: str | None = "auto"
     export: bool = True
     merge_lora: bool = True
+    max_abs: float = 1e6
+    max_weight_growth: float = 100.0
 
     def __post_init__(self) -> None:
         if self.every < 0 or self.keep_last < 1:
             raise ValueError("`checkpoint.every` must be >= 0 and `checkpoint.keep_last` >= 1")
+        for key in ("max_abs", "max_weight_growth"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"`checkpoint.{key}` ({getattr(self, key)}) must be a positive number "
+                                 f"(.inf: finiteness only)")
 
 
 @dataclass

@@ -111,6 +111,14 @@ def all_sum_tensor(values: torch.Tensor) -> list[float]:
     return t.tolist()
 
 
+def all_max_tensor(values: torch.Tensor) -> list[float]:
+    """Element-wise maximum of a 1-D device tensor over ranks, read back once."""
+    t = values.detach().clone()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
 def all_min(value: torch.Tensor) -> int:
     """The minimum of a 0-dim int64 device tensor over ranks, read back once."""
     t = value.detach().clone().reshape(1)

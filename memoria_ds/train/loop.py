@@ -24,7 +24,8 @@ from ..memory import graph_stats
 from . import distributed as dist_utils
 from . import faults
 from .build import build_run_model, check_pretrained_settings, load_corpora, resolve_precision, unwrap
-from .checkpoint import CheckpointError, CheckpointInfo, load_all_shards, load_shard, save_checkpoint
+from .checkpoint import CheckpointError, CheckpointInfo, list_checkpoints, load_all_shards, load_shard, save_checkpoint
+from .health import check_before_save, weights_magnitude
 from .config import RunConfig
 from .distributed import DistInfo
 from .ds_config import read_ds_config, resolve_ds_config
@@ -170,6 +171,10 @@ class Trainer:
         seed_everything(cfg.seed + 1000 * (info.rank + 1))  # dropout streams differ per rank
         if self.resume_from is not None:
             self._resume(self.resume_from)
+        # the largest weight the run started from (kept across resumes): the baseline of the
+        # divergence check before each checkpoint (health.py)
+        start = (self.resume_from.manifest.get("meta", {}) if self.resume_from is not None else {}).get("weights_at_start")
+        self.weights_at_start = float(start) if start is not None else weights_magnitude(self.model, self.device)
         # created (and locked: one run per directory) only now that the run can start; the
         # outcome is collective so that every rank stops if another run took the directory first
         in_use = None
@@ -432,12 +437,19 @@ class Trainer:
             if memory is not None:  # a slot whose last loss was not finite is saved fresh
                 memory.reset(self.discard[j].expand(memory.batch_size))
                 self.discard[j] = self._no
+        root = self.run_dir / "checkpoints"
+        good = [path.name for path, problem in list_checkpoints(root) if problem is None]
+        limits = self.cfg.checkpoint
+        check_before_save(step, self.model, self.memories, device=self.device, checkpoints=root,
+                          last_good=good[-1] if good else None, max_memory=limits.max_abs,
+                          max_weight=limits.max_weight_growth * max(1.0, self.weights_at_start))
         shard = make_shard(self.stream_ids, self.memories, self.streams.state_dict(), step, self.micro)
         meta = {"fingerprint": fingerprint(self.cfg), "config": to_dict(self.cfg), "versions": _versions(),
                 "engine": self.cfg.engine, "precision": self.precision,
-                "zero_stage": getattr(self.engine, "zero_stage", None), "lora": self.lora}
+                "zero_stage": getattr(self.engine, "zero_stage", None), "lora": self.lora,
+                "weights_at_start": self.weights_at_start}
         return save_checkpoint(
-            self.run_dir / "checkpoints", step, self.engine, shard, rank=self.info.rank,
+            root, step, self.engine, shard, rank=self.info.rank,
             world_size=self.info.world_size, exclude_frozen=self.lora, meta=meta, keep_last=self.cfg.checkpoint.keep_last,
         )
 
