@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .config import MemoriaConfig
-from .state import EMPTY, LTM, STM, WM, MemoryState
+from .state import EMPTY, LTM, STM, WM, MemoryState, vector_digest
 from .stats import MemoryStats, collect, reminded_ltm_age
 
 if TYPE_CHECKING:
@@ -68,6 +68,7 @@ def write_working_memory(state: MemoryState, wm: Tensor, rank: Tensor, config: M
     flat = (slots + row * C).reshape(-1)  # (B*N,)
     state.vectors.view(B * C, D).index_copy_(0, flat, wm.reshape(B * N, D))
     state.sq_norms.view(-1).index_copy_(0, flat, wm.square().sum(dim=-1).reshape(-1))
+    state.digest.view(-1).index_copy_(0, flat, vector_digest(wm).reshape(-1))
     state.kind.scatter_(1, slots, WM)
     state.lifespan.scatter_(1, slots, float(config.initial_lifespan))
     new_uid = state.step[:, None] * N + torch.arange(N, device=state.device)  # (B, N)

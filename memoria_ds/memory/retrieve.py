@@ -91,6 +91,7 @@ class _Rows:
         self.offset = torch.arange(B, device=state.device)[:, None] * C  # (B, 1)
         self.vectors = state.vectors.view(B * C, state.dim)
         self.sq_norms = state.sq_norms.view(B * C)
+        self.digest = state.digest.view(B * C)
         self.counts = state.counts.view(B * C, C)
 
     def flat(self, slots: Tensor) -> Tensor:
@@ -112,7 +113,30 @@ class _Rows:
             cand = torch.index_select(self.vectors, 0, flat, out=out).view(B, chunk.shape[1], D)  # (B, k, D)
             parts.append(log_mean_similarity(cand, self.sq_norms.index_select(0, flat).view(B, chunk.shape[1]), wm, wm_sq))
         scores = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-        return scores.masked_fill_(slots < 0, float("-inf"))
+        scores.masked_fill_(slots < 0, float("-inf"))
+        return self.share_identical(slots, scores) if K > 1 else scores
+
+    def share_identical(self, slots: Tensor, scores: Tensor) -> Tensor:
+        """`scores` with every group of bit-identical candidate vectors given one score (the
+        group's largest), so that the recency tie-break decides between them exactly.
+
+        The batched matmul need not compute the same bits for the same vector in two columns
+        (blocking, edge tiles, separate chunks), which would let an older copy outrank a newer
+        one. Candidates are sorted by their cached digest (`state.vector_digest`); neighbours
+        with equal digests and equal squared norms are one group. (B, K) work only (nothing
+        of size D), static shapes, no host sync.
+        """
+        B, K = slots.shape
+        flat = self.flat(slots)  # (B*K,)
+        # padding gets a key below every digest (|digest| < 2^52): padding groups only with
+        # padding, whose scores are all -inf
+        key = self.digest.index_select(0, flat).view(B, K).masked_fill_(slots < 0, -(1 << 62))
+        key, order = key.sort(dim=1, stable=True)  # (B, K)
+        sq = self.sq_norms.index_select(0, flat).view(B, K).gather(1, order)
+        new = (key[:, 1:] != key[:, :-1]) | (sq[:, 1:] != sq[:, :-1])  # (B, K-1): a group starts here
+        group = torch.cat([new.new_zeros((B, 1)), new], dim=1).cumsum(dim=1)  # (B, K) group id in order
+        best = torch.full_like(scores, float("-inf")).scatter_reduce_(1, group, scores.gather(1, order), "amax")
+        return torch.empty_like(scores).scatter_(1, order, best.gather(1, group))
 
 
 def top_by_score(scores: Tensor, ranks: Tensor, k: int) -> tuple[Tensor, Tensor]:

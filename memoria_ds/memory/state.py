@@ -16,6 +16,10 @@ The co-retrieval count matrix is dense, `C x C` per row (int16 or int32, see
 slot are zeroed when the slot is (re)allocated, never when its engram dies; entries of
 empty slots are stale and never read. That makes a reset O(B*C) instead of O(B*C*C), and
 a reset row behaves exactly like a fresh one (same allocation order, same results).
+
+Each slot also caches a `digest` of its vector's bits (`vector_digest`), written with the
+vector: bit-identical engrams have equal digests, so retrieval can give them exactly one
+score (the batched matmul need not compute the same bits for a vector in two columns).
 """
 
 from __future__ import annotations
@@ -31,7 +35,33 @@ EMPTY, WM, STM, LTM = 0, 1, 2, 3
 KIND_NAMES = ("empty", "wm", "stm", "ltm")
 STATE_FORMAT = 1
 
-_FIELDS = ("vectors", "sq_norms", "kind", "lifespan", "uid", "counts", "step", "evictions")
+_FIELDS = ("vectors", "sq_norms", "digest", "kind", "lifespan", "uid", "counts", "step", "evictions")
+_DERIVED = ("digest",)  # recomputed from `vectors` when a saved state lacks it (saved before it existed)
+_DIGEST_MAX_DIM = 1 << 15  # below this width the digest's sum stays exact in float64
+_MULTIPLIERS: dict[tuple[int, str], Tensor] = {}
+
+
+def vector_digest(vectors: Tensor) -> Tensor:
+    """(..., D) float32 -> (...) int64: an exact, order-free digest of each vector's bits.
+
+    Each coordinate's 32-bit pattern is read as two signed 16-bit halves; each half is
+    multiplied by a fixed random integer below 2^21 and the products are summed, as one
+    float64 matrix-vector product. Every term and partial sum is an integer below 2^52 for
+    D < 2^15, so float64 holds them exactly and the summation order (blocking, threads,
+    device) cannot change the result: equal bits give equal digests everywhere. Distinct
+    vectors share a digest only by a coincidence of a random linear form (never for one
+    changed coordinate; about 2^-21 for two, far less for more), and retrieval also
+    requires equal squared norms.
+    """
+    D = vectors.shape[-1]
+    if D >= _DIGEST_MAX_DIM:
+        raise ValueError(f"engram width {D} is above the supported {_DIGEST_MAX_DIM - 1}")
+    key = (D, str(vectors.device))
+    if key not in _MULTIPLIERS:
+        gen = torch.Generator().manual_seed(0x5EED)
+        _MULTIPLIERS[key] = torch.randint(1, 1 << 21, (2 * D,), generator=gen).to(vectors.device, torch.float64)
+    halves = vectors.contiguous().view(torch.int16).to(torch.float64)  # (..., 2D)
+    return (halves @ _MULTIPLIERS[key]).to(torch.int64)
 
 
 @dataclass
@@ -41,6 +71,7 @@ class MemoryState:
     Attributes:
         vectors: (B, C, D) float32 engram vectors (detached copies; no gradient).
         sq_norms: (B, C) float32 cached `|v|^2` of each slot's vector.
+        digest: (B, C) int64 cached `vector_digest` of each slot's vector.
         kind: (B, C) int8, one of EMPTY, WM, STM, LTM.
         lifespan: (B, C) float32 remaining lifespan (0 for empty slots).
         uid: (B, C) int64 creation-order id (`step * N + j`), -1 for empty slots.
@@ -51,6 +82,7 @@ class MemoryState:
 
     vectors: Tensor
     sq_norms: Tensor
+    digest: Tensor
     kind: Tensor
     lifespan: Tensor
     uid: Tensor
@@ -80,6 +112,7 @@ class MemoryState:
         return cls(
             vectors=torch.zeros(B, C, D, dtype=torch.float32, device=device),
             sq_norms=torch.zeros(B, C, dtype=torch.float32, device=device),
+            digest=torch.zeros(B, C, dtype=torch.int64, device=device),
             kind=torch.zeros(B, C, dtype=torch.int8, device=device),
             lifespan=torch.zeros(B, C, dtype=torch.float32, device=device),
             uid=torch.full((B, C), -1, dtype=torch.int64, device=device),
@@ -120,7 +153,7 @@ class MemoryState:
                 f"set `capacity={self.capacity}` to reuse this state"
             )
         expected = {
-            "vectors": torch.float32, "sq_norms": torch.float32, "kind": torch.int8, "lifespan": torch.float32,
+            "vectors": torch.float32, "sq_norms": torch.float32, "digest": torch.int64, "kind": torch.int8, "lifespan": torch.float32,
             "uid": torch.int64, "counts": getattr(torch, config.count_dtype), "step": torch.int64,
             "evictions": torch.int64,
         }
@@ -213,12 +246,14 @@ class MemoryState:
         fmt = state_dict.get("format")
         if fmt != STATE_FORMAT:
             raise ValueError(f"memory state format {fmt!r} is not supported (this version reads {STATE_FORMAT})")
-        missing = [k for k in _FIELDS if k not in state_dict]
+        missing = [k for k in _FIELDS if k not in state_dict and k not in _DERIVED]
         if missing:
             raise ValueError(f"memory state is missing field(s) {missing}")
         tensors = {}
         for k in _FIELDS:
-            t = state_dict[k]
+            t = state_dict.get(k)
+            if t is None and k == "digest" and isinstance(state_dict["vectors"], Tensor):
+                t = vector_digest(state_dict["vectors"].to(torch.float32))  # a state saved before digests
             if not isinstance(t, Tensor):
                 raise ValueError(f"memory state field `{k}` is {type(t).__name__}, expected a tensor")
             tensors[k] = t.to(device) if device is not None else t
@@ -247,4 +282,4 @@ def field_names() -> tuple[str, ...]:
     return _FIELDS
 
 
-__all__ = ["MemoryState", "EMPTY", "WM", "STM", "LTM", "KIND_NAMES", "field_names"]
+__all__ = ["MemoryState", "EMPTY", "WM", "STM", "LTM", "KIND_NAMES", "field_names", "vector_digest"]

@@ -68,6 +68,9 @@ def draw_vectors(gen: torch.Generator, shape: tuple[int, ...], data: str) -> tor
         return torch.randint(-1, 2, shape, generator=gen).float()
     if data == "normal":
         return 0.7 * torch.randn(shape, generator=gen)
+    if data == "normal_repeats":  # continuous vectors from a pool of 10: many bit-identical engrams
+        pool = 0.7 * torch.randn((10, shape[-1]), generator=torch.Generator().manual_seed(1234))
+        return pool[torch.randint(0, 10, shape[:-1], generator=gen)]
     raise ValueError(data)
 
 
@@ -104,8 +107,11 @@ def float_weights(rng: random.Random, n: int) -> list[float]:
 
 def boundary_gap_ok(rank: list[int], scores: dict[int, float], k: int) -> bool:
     """False if two distinct scores that decide the top-k (and its order) are closer than SCORE_GAP."""
-    prefix = rank[: k + 1]
-    return all(not (0.0 < scores[a] - scores[b] < SCORE_GAP) for a, b in zip(prefix, prefix[1:]))
+    deciding = rank[: k + 1]
+    if len(rank) > k:  # and every candidate ranked lower whose score is as close to the boundary
+        deciding += [u for u in rank[k + 1 :] if scores[u] > scores[rank[k]] - SCORE_GAP]
+    distinct = sorted({scores[u] for u in deciding})  # exact ties (equal scores) are decided by uid
+    return all(b - a >= SCORE_GAP for a, b in zip(distinct, distinct[1:]))
 
 
 def retrieval_is_sharp(cfg: MemoriaConfig, rr) -> bool:
@@ -182,7 +188,7 @@ def run_equivalence(
     state = MemoryState.empty(cfg, batch, dim)
     refs = [ReferenceMemory(cfg) for _ in range(batch)]
     cov = Coverage()
-    exact_data = data != "normal"
+    exact_data = not data.startswith("normal")
     cues_defined = cfg.use_stm or (cfg.use_ltm and cfg.search == "graph" and cfg.num_ltm_reminded > 0)
 
     for t in range(steps):
@@ -444,6 +450,11 @@ CONFIGS = {
     "continuous": dict(cfg=dict(num_wm=4, num_stm_reminded=4, num_ltm_reminded=6, stm_capacity=12,
                                 initial_lifespan=4.0, alpha=1.5, search_depth=3), dim=8, data="normal",
                        weights="float"),
+    # continuous vectors drawn from a small pool: copies of one vector sit in several STM/LTM
+    # slots (and several columns of the scoring matmul); the newest copy must win (issue 17 item 9)
+    "continuous_repeats": dict(cfg=dict(num_wm=5, num_stm_reminded=3, num_ltm_reminded=4, stm_capacity=10,
+                                        initial_lifespan=4.0, alpha=1.5, search_depth=2), dim=16,
+                               data="normal_repeats", weights="float"),
 }
 
 
@@ -488,11 +499,11 @@ def test_engine_matches_reference(name):
         assert cov.stopped_walkers > 0, f"{name}: no walker ever ran out of edges"
     if name in ("depth0", "k_ltm_beyond_search"):
         assert cov.ltm_padding_with_found > 0, f"{name}: K_ltm never exceeded what was found"
-    if name in ("paper_lm_small", "paper_sort_small", "single_wm_trits", "exhaustive"):
+    if name in ("paper_lm_small", "paper_sort_small", "single_wm_trits", "exhaustive", "continuous_repeats"):
         assert cov.score_ties > 0, f"{name}: no selection was decided by the uid tie rule"
     if name == "exhaustive_many":
         assert cov.max_alive > 128, "exhaustive scoring must span more than one 128-candidate chunk"
-    if name != "continuous":
+    if not name.startswith("continuous"):
         assert cov.redraw_wm == 0 and cov.max_life_err == 0.0, "integer data must be exact"
     else:
         assert cov.evictions == 0, "continuous lifespans are not compared for eviction order"
