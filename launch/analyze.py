@@ -1,7 +1,7 @@
 """Plot what the memory does in a run (paper Figures 5, 6, 8-9 as PNGs).
 
     python launch/analyze.py RUN_DIR [--trace test] [--max-steps N] [--out DIR]
-    python launch/analyze.py --state MEMORY.pt [--trace-file TRACE.jsonl] --out DIR
+    python launch/analyze.py --state MEMORY.safetensors [--trace-file TRACE.jsonl] --out DIR
 
 See memoria_ds/analysis/analyze.py and docs/reproduction.md.
 """

@@ -1,7 +1,7 @@
 """The analysis command: a run (or a saved memory plus its trace) -> PNG plots of the memory.
 
     python launch/analyze.py RUN_DIR [--trace test] [--protocol paper] [--max-steps N] [--out DIR]
-    python launch/analyze.py --state MEMORY.pt [--trace-file TRACE.jsonl] --out DIR
+    python launch/analyze.py --state MEMORY.safetensors [--trace-file TRACE.jsonl] --out DIR
 
 From a run directory it plots what is there: the training's memory statistics
 (`metrics.jsonl`, every log step), every evaluation trace in the output folder, and the
@@ -55,7 +55,7 @@ def traced_evaluation(run_dir: Path, out: Path, split: str, protocol: str = "pap
         raise ValueError(f"the run's model is `{model.config.memory_type}`: no engrams to trace")
     corpus = load_corpora(cfg.data, (split,), rank=0)[split]
     name = f"{split}_{protocol}"
-    trace = MemoryTrace(out / f"trace_{name}.jsonl", state_path=out / f"memory_{name}.pt",
+    trace = MemoryTrace(out / f"trace_{name}.jsonl", state_path=out / f"memory_{name}.safetensors",
                         memoria_config=model.config.memoria_config, graph_every=graph_every)
     with trace:
         result = evaluate_lm(model, corpus, protocol_from_name(protocol, cfg.data.segment_length, 1, "never"),
@@ -118,7 +118,7 @@ def analyze_run(run_dir: str | Path, out: str | Path | None = None, *, trace_spl
     for trace in sorted(out.glob("trace_*.jsonl")):
         name = trace.stem[len("trace_"):]
         figures.update(plot_trace(read_trace(trace), out, name, "segment (memory step)", f"evaluation, {name}"))
-    states = sorted(out.glob("memory_*.pt"), key=lambda p: p.stat().st_mtime)
+    states = sorted(out.glob("memory_*.safetensors"), key=lambda p: p.stat().st_mtime)
     state_file = states[-1] if states else latest_shard(run_dir)
     if state_file is not None:
         try:
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-steps", type=int, help="trace at most this many segments")
     p.add_argument("--device", help="cuda / cpu (default: cuda if available)")
     p.add_argument("--graph-every", type=int, default=50, help="graph statistics every N traced segments (0: never)")
-    p.add_argument("--state", help="a memory state: a trace's memory_*.pt or a checkpoint's rank_XXXXX.pt")
+    p.add_argument("--state", help="a memory state: a trace's memory_*.safetensors or a checkpoint's rank_XXXXX.safetensors")
     p.add_argument("--trace-file", help="a trace JSONL (or a metrics.jsonl) to plot with --state")
     a = p.parse_args(argv)
     try:

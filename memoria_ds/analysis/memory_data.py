@@ -2,7 +2,7 @@
 
 A memory state comes from an evaluation trace (`MemoryTrace.close()`, the memory after the
 last segment of the split: what the paper analyses) or from a training checkpoint shard
-(`checkpoints/step_*/rank_XXXXX.pt`, every slot's rows concatenated; the memory since the
+(`checkpoints/step_*/rank_XXXXX.safetensors`, every slot's rows concatenated; the memory since the
 last periodic reset). Notation: B rows, C slots.
 
 - `ltm_creation_percent`: creation step of every surviving LTM engram, as a percentage of
@@ -26,6 +26,7 @@ import torch
 from ..memory import MemoriaConfig, MemoryState
 from ..memory.state import EMPTY, KIND_NAMES, LTM
 from ..model.config import resolve_preset
+from ..safe_io import load_tree
 from .trace import TRACE_STATE_KIND
 
 
@@ -53,13 +54,15 @@ def memoria_config_of_run(run_config: dict[str, Any]) -> MemoriaConfig:
 
 
 def load_memory(path: str | os.PathLike) -> MemorySnapshot:
-    """A trace state file or a checkpoint shard (`rank_*.pt`, read with its `manifest.json`).
+    """A trace state file or a checkpoint shard (`rank_*.safetensors`, read with its
+    `manifest.json`), read as data (`safe_io.load_tree`: nothing in it is executed).
 
     Raises:
+        PickleRefused: a pickle (older memoria_ds versions wrote them); the message says how to convert it.
         ValueError: a file of another kind, or a shard without Memoria rows.
     """
     path = Path(path)
-    obj = torch.load(path, map_location="cpu", weights_only=False)
+    obj = load_tree(path)
     if isinstance(obj, dict) and obj.get("kind") == TRACE_STATE_KIND:
         config = MemoriaConfig.from_dict(obj["memoria"])
         return MemorySnapshot(MemoryState.from_state_dict(obj["state"], config=config), config,
@@ -76,13 +79,14 @@ def load_memory(path: str | os.PathLike) -> MemorySnapshot:
         return MemorySnapshot(MemoryState.cat(states), config,
                               f"{path.parent.name}/{path.name}: training memory at step {obj.get('step')} "
                               f"(since the last periodic reset)")
-    raise ValueError(f"{path} is neither a memory trace state nor a checkpoint shard (rank_XXXXX.pt)")
+    raise ValueError(f"{path} is neither a memory trace state nor a checkpoint shard (rank_XXXXX.safetensors)")
 
 
 def latest_shard(run_dir: str | os.PathLike) -> Path | None:
     """Rank 0's shard of the newest complete checkpoint of a run, if any."""
     done = sorted(p for p in Path(run_dir, "checkpoints").glob("step_*") if (p / "manifest.json").is_file())
-    return done[-1] / "rank_00000.pt" if done and (done[-1] / "rank_00000.pt").is_file() else None
+    shard = done[-1] / "rank_00000.safetensors" if done else None
+    return shard if shard is not None and shard.is_file() else None
 
 
 def ltm_creation_percent(snap: MemorySnapshot) -> np.ndarray:

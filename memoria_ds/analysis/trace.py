@@ -1,6 +1,6 @@
 """An evaluation-time memory trace: per-segment memory statistics as JSONL, and the final memory.
 
-    trace = MemoryTrace("trace.jsonl", state_path="memory.pt", graph_every=50)
+    trace = MemoryTrace("trace.jsonl", state_path="memory.safetensors", graph_every=50)
     evaluate_lm(model, corpus, paper_protocol(150), on_step=trace)
     trace.close()
 
@@ -22,9 +22,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from ..memory import MemoriaConfig, graph_stats
+from ..safe_io import save_tree
 
 TRACE_STATE_KIND = "memoria_ds.trace_state"
 TRACE_STATE_FORMAT = 1
@@ -86,7 +86,7 @@ class MemoryTrace:
         payload = {"kind": TRACE_STATE_KIND, "format": TRACE_STATE_FORMAT, "step": self._last_step,
                    "state": state.to("cpu").state_dict(), "memoria": config.to_dict()}
         tmp = self.state_path.with_name(self.state_path.name + ".tmp")
-        torch.save(payload, tmp)
+        save_tree(payload, tmp)  # safetensors + JSON: opening it cannot run code
         os.replace(tmp, self.state_path)
         return self.state_path
 

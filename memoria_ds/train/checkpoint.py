@@ -5,8 +5,8 @@ Layout of one checkpoint (`<run_dir>/checkpoints/step_00000100/`):
     manifest.json     written last; its presence (and validity) makes the checkpoint real
     engine/           the engine's own files (DeepSpeed: weights, optimizer, scheduler per rank)
     zero_to_fp32.py   DeepSpeed's consolidation script (DeepSpeed copies it here)
-    rank_00000.pt     rank 0's shard: memory rows of its streams (by global stream id),
-    rank_00001.pt     the data streams' position, RNG states, the step
+    rank_00000.safetensors   rank 0's shard: memory rows of its streams (by global stream
+    rank_00001.safetensors   id), the data streams' position, RNG states, the step
 
 Every rank writes its own shard (DeepSpeed's `client_state` is written by rank 0 only
 under ZeRO-1/2, so per-rank state cannot go there). Everything is first written into
@@ -14,6 +14,11 @@ under ZeRO-1/2, so per-rank state cannot go there). Everything is first written 
 sha256 of the shards) after a barrier, then renames the staging folder into place. A
 process killed while saving leaves only a staging folder, which is ignored and later
 removed: the previous checkpoint stays intact and stays the one `--resume auto` picks.
+
+The shards are safetensors + JSON (`memoria_ds.safe_io`): reading them cannot run code.
+DeepSpeed's files under `engine/` are pickles by DeepSpeed's design (docs/training.md,
+"Files that run code when loaded"). Shards written by older versions as pickles
+(`rank_*.pt`) are refused with the command that converts them.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 
+from ..safe_io import CONVERT, PickleRefused, check_pickles, is_pickle, load_tree, save_tree
+from .engine import DEEPSPEED_PICKLE_GLOBALS
 from . import distributed as dist_utils
 from . import faults
 
@@ -65,7 +71,10 @@ def step_of(path: Path) -> int:
 
 
 def shard_name(rank: int) -> str:
-    return f"rank_{rank:05d}.pt"
+    return f"rank_{rank:05d}.safetensors"
+
+
+_LEGACY = re.compile(r"^(rank_\d{5}\.pt|engine/engine\.pt)$")  # pickles of memoria_ds before safe_io
 
 
 def _sha256(path: Path) -> str:
@@ -96,11 +105,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def atomic_torch_save(obj: Any, path: Path) -> None:
+def atomic_save_tree(obj: Any, path: Path) -> None:
+    """`safe_io.save_tree` into a temporary name, synced, then renamed into place."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
+    save_tree(obj, tmp)
+    with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
@@ -144,8 +153,8 @@ def save_checkpoint(
         engine.save(staging, ENGINE_TAG, exclude_frozen=exclude_frozen)
         if faults.active("disk_full_during_save", step):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(staging / shard_name(rank)))
-        atomic_torch_save(dict(shard, format=FORMAT, rank=rank, world_size=world_size, step=step),
-                          staging / shard_name(rank))
+        atomic_save_tree(dict(shard, format=FORMAT, rank=rank, world_size=world_size, step=step),
+                         staging / shard_name(rank))
     except (OSError, RuntimeError) as e:  # disk full, read-only, quota: torch raises RuntimeError for those too
         failure = f"rank {rank}: {_short(e)}"
     _agree(failure, root, staging, step, rank)
@@ -253,6 +262,13 @@ def validate(path: Path, verify_contents: bool = True) -> CheckpointInfo:
         raise CheckpointError(f"checkpoint {str(path)!r}: {MANIFEST} is corrupt ({e})") from e
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {str(path)!r} has format {manifest.get('format')!r}; this version reads {FORMAT}")
+    legacy = sorted(rel for rel in manifest.get("files", {}) if _LEGACY.match(rel))
+    if legacy:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} holds memoria_ds pickles from an older version ({', '.join(legacy[:3])}): not "
+            f"read, since loading a pickle can run any code it carries. If you trust where it came from, convert it "
+            f"once with `{CONVERT} {path}`"
+        )
     for rel, size in manifest.get("files", {}).items():
         f = path / rel
         if not f.is_file():
@@ -263,7 +279,29 @@ def validate(path: Path, verify_contents: bool = True) -> CheckpointInfo:
     for name, digest in digests.items() if verify_contents else ():
         if _sha256(path / name) != digest:
             raise CheckpointError(f"checkpoint {str(path)!r}: {name} does not match its checksum (corrupt)")
+    if verify_contents:
+        _check_no_code(path, manifest)
     return CheckpointInfo(path=path, step=int(manifest["step"]), world_size=int(manifest["world_size"]), manifest=manifest)
+
+
+def _check_no_code(path: Path, manifest: dict[str, Any]) -> None:
+    """Refuse a checkpoint with a file that could run code when loaded.
+
+    A checksum does not help against a crafted checkpoint (its author writes the manifest
+    too), so: our own files must be safetensors, not pickles, and DeepSpeed's pickles under
+    `engine/` may import only the data classes DeepSpeed writes (`DEEPSPEED_PICKLE_GLOBALS`),
+    read from their opcodes without unpickling them.
+    """
+    for rel in manifest.get("files", {}):
+        f = path / rel
+        if rel.endswith(".safetensors") and is_pickle(f):
+            raise CheckpointError(f"checkpoint {str(path)!r}: {rel} is a pickle, not safetensors: not read (a file "
+                                  f"that runs code on load; take checkpoints only from people you trust)")
+        if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
+            try:
+                check_pickles([f], DEEPSPEED_PICKLE_GLOBALS, "DeepSpeed")
+            except PickleRefused as e:
+                raise CheckpointError(f"checkpoint {str(path)!r}: {e}") from None
 
 
 def list_checkpoints(root: Path, verify_contents: bool = False) -> list[tuple[Path, str | None]]:
@@ -298,7 +336,14 @@ def find_latest(root: Path) -> tuple[CheckpointInfo | None, list[str]]:
 
 
 def load_shard(info: CheckpointInfo, rank: int) -> dict[str, Any]:
-    return torch.load(info.path / shard_name(rank), map_location="cpu", weights_only=False)
+    """Rank `rank`'s shard of a checkpoint (read as data: nothing in it is executed)."""
+    path = info.path / shard_name(rank)
+    try:
+        return load_tree(path)
+    except PickleRefused as e:
+        raise CheckpointError(str(e)) from None
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {str(info.path)!r}: {e}") from None
 
 
 def load_all_shards(info: CheckpointInfo) -> list[dict[str, Any]]:

@@ -285,7 +285,7 @@ class EvalSection:
         at_end: evaluate once training is done.
         trace: in the final evaluation, record the memory statistics of every segment
             (`<run_dir>/eval/trace_<protocol>.jsonl`) and save the final memory state
-            (`memory_<protocol>.pt`), for `launch/analyze.py` (paper Figures 5, 6, 8-9).
+            (`memory_<protocol>.safetensors`), for `launch/analyze.py` (paper Figures 5, 6, 8-9).
     """
 
     every: int = 0

@@ -24,6 +24,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..safe_io import load_tree, save_tree
+
+ENGINE_FILE = "engine.safetensors"  # the plain engine's state (weights, optimizer, schedule): no pickle
+
+# The only classes DeepSpeed's checkpoint pickles import (ZeRO 1-3, fp32 / bf16, offload; found
+# with torch.serialization.get_unsafe_globals_in_checkpoint): plain data classes and an enum.
+# An engine file that would import anything else is refused before DeepSpeed unpickles it.
+DEEPSPEED_PICKLE_GLOBALS = frozenset({
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",  # fp16 runs (a GPU's): its dynamic sibling
+})
+
 
 def linear_warmup_decay(total_steps: int, warmup_ratio: float):
     """LR multiplier: linear warm-up over `warmup_ratio * total_steps`, then linear decay to 0."""
@@ -260,11 +274,11 @@ class TorchEngine(TrainEngine):
         if exclude_frozen:
             trainable = {n for n, p in self.module.named_parameters() if p.requires_grad}
             module = {k: v for k, v in module.items() if k in trainable}
-        torch.save({"module": module, "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict()}, target / "engine.pt")
+        save_tree({"module": module, "optimizer": self.optimizer.state_dict(),
+                   "scheduler": self.scheduler.state_dict()}, target / ENGINE_FILE)
 
     def load(self, directory: Path, tag: str, strict: bool) -> None:
-        blob = torch.load(Path(directory) / tag / "engine.pt", map_location=self.device, weights_only=False)
+        blob = load_tree(Path(directory) / tag / ENGINE_FILE, device=self.device)  # data only: no pickle
         self.module.load_state_dict(blob["module"], strict=strict)
         self.optimizer.load_state_dict(blob["optimizer"])
         self.scheduler.load_state_dict(blob["scheduler"])

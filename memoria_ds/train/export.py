@@ -1,10 +1,13 @@
-"""Export a run's newest checkpoint as a Hugging Face directory that `from_pretrained` loads.
+"""Export a run's trained weights as a Hugging Face directory that `from_pretrained` loads.
 
-Weights come from the checkpoint, consolidated to fp32 on rank 0 (DeepSpeed's
-`get_fp32_state_dict_from_zero_checkpoint` for ZeRO 1-3: under bf16 these are the fp32
-master weights, not the bf16 copies). A fresh model is built on CPU from the run's
-configuration (so frozen backbone weights left out of a LoRA checkpoint come from the
-backbone), the trained weights are loaded into it, and:
+The weights come from the engine in this process, right after the final checkpoint, not
+from files: under DeepSpeed the optimizer's fp32 master weights, assembled per parameter
+with DeepSpeed's `safe_get_full_fp32_param` (ZeRO 1-3; under bf16 these are the masters,
+not the bf16 copies); with the plain engine the parameters themselves. Nothing is
+unpickled (issue 19). A fresh model is built on CPU from the run's configuration (so frozen
+backbone weights left out of a LoRA run come from the backbone), the trained weights are
+loaded into it, and (safetensors only: transformers 5 writes nothing else, the peft adapter
+is saved with `safe_serialization=True`):
 
 - without LoRA: `save_pretrained(<run_dir>/export)`;
 - with LoRA and `merge_lora` (default): the adapters are merged into the backbone, and the
@@ -23,26 +26,29 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..safe_io import load_tree
 from . import distributed as dist_utils
 from .build import build_run_model, unwrap
-from .checkpoint import ENGINE_TAG, find_latest
+from .checkpoint import ENGINE_TAG
+from .engine import ENGINE_FILE
 
 if TYPE_CHECKING:
     from .loop import Trainer
 
 
 def consolidated_state_dict(ckpt_dir: Path, engine_kind: str) -> dict[str, torch.Tensor]:
-    """fp32 weights of every saved parameter, keyed like the trained module's state dict."""
-    if engine_kind == "torch":
-        return torch.load(ckpt_dir / ENGINE_TAG / "engine.pt", map_location="cpu", weights_only=False)["module"]
-    tag_dir = ckpt_dir / ENGINE_TAG
-    if any(tag_dir.glob("*zero_pp_rank_*optim_states.pt")):
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    """fp32 weights of every saved parameter of a checkpoint, keyed like the module's state dict.
 
-        state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=ENGINE_TAG)
-    else:  # ZeRO stage 0: the module weights are stored whole
-        blob = torch.load(next(tag_dir.glob("mp_rank_*_model_states.pt")), map_location="cpu", weights_only=False)
-        state = blob["module"]
+    A tool for checking checkpoints (the tests use it), not the export's path. The plain
+    engine's state is read as data (safetensors); DeepSpeed's consolidation
+    (`get_fp32_state_dict_from_zero_checkpoint`) unpickles DeepSpeed's own files: use it
+    only on checkpoints you trust (docs/training.md, "Files that run code when loaded").
+    """
+    if engine_kind == "torch":
+        return load_tree(ckpt_dir / ENGINE_TAG / ENGINE_FILE)["module"]
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=ENGINE_TAG)
     return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
 
@@ -66,72 +72,71 @@ def _gathered(param, zero_stage: int | None):
     return contextlib.nullcontext()
 
 
-def verify_against_live(trainer: Trainer, state: dict[str, torch.Tensor] | None) -> int:
-    """Check that every trained tensor in `state` (rank 0's) equals the live parameter.
+def trained_weights(trainer: Trainer) -> tuple[dict[str, torch.Tensor], int]:
+    """fp32 copies of every trainable parameter, on rank 0 (every rank calls: under ZeRO the
+    assembly is collective), checked against the live parameter.
 
-    The live parameter is gathered (ZeRO-3) on every rank; rank 0 compares it with the
-    saved fp32 weight cast to the live dtype (bf16 training keeps fp32 masters). Every
-    rank calls this. Raises RuntimeError on an empty or different tensor.
+    Under DeepSpeed each weight is the optimizer's fp32 master (`safe_get_full_fp32_param`);
+    rank 0 checks that it equals the live parameter (gathered under ZeRO-3) once cast to the
+    live dtype: what is exported is what the model computes with. With the plain engine the
+    parameter is the weight.
 
     Returns:
-        The number of tensors checked.
+        ({name: fp32 tensor} on rank 0, else {}), and the number of tensors checked.
+
+    Raises:
+        RuntimeError: a master that is empty, of another shape, or different from the parameter.
     """
     stage = getattr(trainer.engine, "zero_stage", None)
-    problems, checked = [], 0
+    deepspeed_run = trainer.cfg.engine == "deepspeed"
+    if deepspeed_run:
+        from deepspeed.utils import safe_get_full_fp32_param
+    out, problems = {}, []
     for name, param in trainer.model.named_parameters():
         if not param.requires_grad:
             continue
+        master = safe_get_full_fp32_param(param) if deepspeed_run else None
         with _gathered(param, stage):
             if trainer.info.is_main:
                 live = param.detach().cpu()
-                saved = state.get(name)
-                if saved is None or saved.numel() == 0 or saved.shape != live.shape:
-                    problems.append(f"{name}: saved {None if saved is None else tuple(saved.shape)}, "
-                                    f"live {tuple(live.shape)}")
-                elif not torch.equal(saved.to(live.dtype), live):
-                    problems.append(f"{name}: values differ from the live parameter")
-                checked += 1
+                weight = live.float().clone() if master is None else master.detach().float().cpu().clone()
+                if weight.numel() == 0 or weight.shape != live.shape:
+                    problems.append(f"{name}: master {tuple(weight.shape)}, live {tuple(live.shape)}")
+                elif not torch.equal(weight.to(live.dtype), live):
+                    problems.append(f"{name}: the fp32 master differs from the live parameter")
+                out[name] = weight
     if problems:
-        raise RuntimeError("the checkpoint's trained weights do not match the live model:\n  " + "\n  ".join(problems[:10]))
-    return checked
+        raise RuntimeError("the trained weights do not match the live model:\n  " + "\n  ".join(problems[:10]))
+    return out, len(out)
 
 
-def export_hf(trainer: Trainer, ckpt_root: Path) -> Path | None:
-    """Write `<run_dir>/export` from the newest checkpoint (rank 0; every rank calls).
-
-    Before writing, the checkpoint's trained weights are checked against the live
-    parameters (gathered under ZeRO-3): what is exported is what was trained.
-    """
+def export_hf(trainer: Trainer, step: int) -> Path | None:
+    """Write `<run_dir>/export` from the engine's weights at `step` (rank 0; every rank calls)."""
     out_dir = Path(trainer.cfg.run_dir) / "export"
-    state = None
+    state, checked = trained_weights(trainer)
     if trainer.info.is_main:
-        info, _ = find_latest(ckpt_root)
-        if info is None:
-            raise RuntimeError(f"nothing to export: no complete checkpoint in {ckpt_root}")
-        state = consolidated_state_dict(info.path, trainer.cfg.engine)
-    checked = verify_against_live(trainer, state)
-    if trainer.info.is_main:
-        trainer.log(f"export: {checked} trained tensors in {info.path.name} equal the live parameters")
+        trainer.log(f"export: {checked} trained tensors (fp32{' masters' if trainer.cfg.engine == 'deepspeed' else ''}) "
+                    f"equal the live parameters at step {step}")
         vocab = trainer.vocab_size
         fresh = build_run_model(trainer.cfg, vocab).to("cpu")
         trainable = {n for n, p in fresh.named_parameters() if p.requires_grad}
         missing = sorted(trainable - set(state))
         if missing:
-            raise RuntimeError(f"checkpoint {info.path} lacks trained parameters {missing[:5]} (and {len(missing) - 5} more)"
-                               if len(missing) > 5 else f"checkpoint {info.path} lacks trained parameters {missing}")
+            raise RuntimeError(f"the engine lacks trained parameters {missing[:5]} (and {len(missing) - 5} more)"
+                               if len(missing) > 5 else f"the engine lacks trained parameters {missing}")
         fresh.load_state_dict(state, strict=False)
         if trainer.cfg.lora.enabled:
             if trainer.cfg.checkpoint.merge_lora:
                 model = fresh.merge_and_unload()
             else:
-                fresh.save_pretrained(str(out_dir / "adapter"))
+                fresh.save_pretrained(str(out_dir / "adapter"), safe_serialization=True)
                 model = unwrap(build_run_model_plain(trainer, vocab))
                 model.load_state_dict(_strip_lora(state), strict=False)
         else:
             model = fresh
-        model.save_pretrained(str(out_dir))
+        model.save_pretrained(str(out_dir))  # transformers 5 writes safetensors only
         _save_tokenizer(trainer, out_dir)
-        trainer.log(f"exported {info.path.name} to {out_dir}")
+        trainer.log(f"exported step {step} to {out_dir} (safetensors)")
     dist_utils.barrier()
     return out_dir
 

@@ -112,7 +112,7 @@ def check_before_save(
     fine = ", ".join(f"{name} up to {v:.3g}" for name, v, limit, _ in measured if v <= limit)
     advice = (f"resume from the last good checkpoint, {checkpoints / last_good}, with a lower optim.lr (a changed "
               f"optim.lr is applied on resume)" if last_good else "there is no earlier checkpoint: start again with a "
-              f"lower optim.lr")
+              "lower optim.lr")
     raise DivergedState(
         f"the training state at step {step} is diverging: {parts}{'; ' + fine if fine else ''}. No checkpoint was "
         f"written for step {step} and the run stopped. {advice[0].upper() + advice[1:]}; or raise the limit if such "

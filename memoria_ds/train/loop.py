@@ -312,7 +312,7 @@ class Trainer:
         results = self.evaluate(writer, self.total_steps) if cfg.eval.at_end else []
         export_dir = None
         if cfg.checkpoint.export:
-            export_dir = export_hf(self, self.run_dir / "checkpoints")
+            export_dir = export_hf(self, self.total_steps)
         writer.close()
         summary = {"steps": self.total_steps, "final_train_loss": last_loss,
                    "eval": [r.to_dict() for r in results], "export": str(export_dir) if export_dir else None,
@@ -423,7 +423,7 @@ class Trainer:
         from ..analysis.trace import MemoryTrace
 
         d = self._eval_dir()
-        return MemoryTrace(d / f"trace_{protocol}.jsonl", state_path=d / f"memory_{protocol}.pt",
+        return MemoryTrace(d / f"trace_{protocol}.jsonl", state_path=d / f"memory_{protocol}.safetensors",
                            memoria_config=self.memoria_config, graph_every=10)
 
     def _eval_dir(self) -> Path:

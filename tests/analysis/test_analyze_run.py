@@ -19,6 +19,7 @@ from repro_helpers import check, check_finished_run, free_port, run  # noqa: E40
 from memoria_ds.analysis.collect import collect  # noqa: E402
 from memoria_ds.analysis.memory_data import load_memory  # noqa: E402
 from memoria_ds.memory.state import LTM  # noqa: E402
+from memoria_ds.safe_io import load_tree  # noqa: E402
 
 FIGURES = {"fig5_reminded_ltm_age_train", "memory_kinds_train", "fig5_reminded_ltm_age_test_paper",
            "memory_kinds_test_paper", "fig6_ltm_creation", "fig8_edge_weight_age", "fig9_edge_weight_age_300",
@@ -63,7 +64,7 @@ def test_table1_smoke_run_and_its_plots(smoke_run):
     trace = [json.loads(line) for line in (out / "trace_test_paper.jsonl").read_text().splitlines()]
     assert [r["step"] for r in trace] == list(range(12)) and "memory/graph_degree" in trace[4]
     # Figure 6 counts every LTM engram of the final test-set memory once
-    snap = load_memory(out / "memory_test_paper.pt")
+    snap = load_memory(out / "memory_test_paper.safetensors")
     n_ltm = int((snap.state.kind == LTM).sum())
     assert n_ltm > 0 and sum(int(r["engrams"]) for r in read_csv(out / "fig6_ltm_creation.csv")) == n_ltm
     assert figures["fig6_ltm_creation"]["points"] == n_ltm
@@ -75,7 +76,7 @@ def test_table1_smoke_run_and_its_plots(smoke_run):
     assert evaluated["protocol"]["name"] == "paper" and evaluated["steps"] == 12
 
     # the same figures from a saved memory (the training checkpoint's shard) and a trace (metrics.jsonl)
-    shard = next((run_dir / "checkpoints").glob("step_*/rank_00000.pt"))
+    shard = next((run_dir / "checkpoints").glob("step_*/rank_00000.safetensors"))
     files = run_dir / "from_files"
     check(run([sys.executable, "launch/analyze.py", "--state", str(shard), "--trace-file",
                str(run_dir / "metrics.jsonl"), "--out", str(files)]))
@@ -83,7 +84,7 @@ def test_table1_smoke_run_and_its_plots(smoke_run):
     assert {"fig6_ltm_creation", "fig8_edge_weight_age", "fig5_reminded_ltm_age_metrics"} <= set(got)
     train_ages = [float(r["reminded_ltm_age"]) for r in read_csv(files / "fig5_reminded_ltm_age_metrics.csv")]
     assert len(train_ages) == 8 and any(math.isfinite(a) for a in train_ages)  # logged every step
-    saved = torch.load(shard, weights_only=False)["memory"][0]["state"]["counts"]
+    saved = load_tree(shard)["memory"][0]["state"]["counts"]
     assert torch.equal(load_memory(shard).state.counts, saved)
 
 

@@ -17,6 +17,7 @@ from memoria_ds.data import TokenCorpus
 from memoria_ds.eval import evaluate_lm, full_protocol, paper_protocol
 from memoria_ds.memory import MemoriaConfig, MemoryState
 from memoria_ds.memory.state import EMPTY, LTM, STM
+from memoria_ds.safe_io import save_tree
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -92,18 +93,18 @@ def test_checkpoint_shard_is_read_with_its_manifest(tmp_path, snapshot):
                            state=snapshot.state)
     step = tmp_path / "checkpoints" / "step_00000004"
     step.mkdir(parents=True)
-    torch.save({"stream_ids": [0, 1], "micro_batch_size": 1, "memory": [memory.state_dict(), memory.state_dict()],
-                "step": 4}, step / "rank_00000.pt")
+    save_tree({"stream_ids": [0, 1], "micro_batch_size": 1, "memory": [memory.state_dict(), memory.state_dict()],
+               "step": 4}, step / "rank_00000.safetensors")
     mem = snapshot.config.to_dict()
     (step / "manifest.json").write_text(json.dumps({"meta": {"config": {"model": {"preset": "memoria", "settings": {
         "memoria": {k: mem[k] for k in ("num_wm", "num_stm_reminded", "num_ltm_reminded", "stm_capacity",
                                          "capacity")}}}}}}))
-    loaded = load_memory(step / "rank_00000.pt")
+    loaded = load_memory(step / "rank_00000.safetensors")
     assert loaded.state.batch_size == 2 and torch.equal(loaded.state.counts[1], snapshot.state.counts[0])
     assert sorted(ltm_creation_percent(loaded).tolist()) == [0.0, 0.0, 0.0, 0.0, 25.0, 25.0]
     with pytest.raises(ValueError, match="neither a memory trace state nor a checkpoint shard"):
-        torch.save({"x": 1}, tmp_path / "other.pt")
-        load_memory(tmp_path / "other.pt")
+        save_tree({"x": 1}, tmp_path / "other.safetensors")
+        load_memory(tmp_path / "other.safetensors")
 
 
 def test_trace_records_every_segment_and_saves_the_final_memory(tmp_path, tiny_gpt2_config):
@@ -114,7 +115,7 @@ def test_trace_records_every_segment_and_saves_the_final_memory(tmp_path, tiny_g
     g = torch.Generator().manual_seed(0)
     corpus = TokenCorpus.from_token_lists([torch.randint(0, 257, (300,), generator=g).tolist()],
                                           metadata={"corpus": "toy", "split": "test"})
-    trace = MemoryTrace(tmp_path / "t.jsonl", state_path=tmp_path / "m.pt", memoria_config=model.config.memoria_config,
+    trace = MemoryTrace(tmp_path / "t.jsonl", state_path=tmp_path / "m.safetensors", memoria_config=model.config.memoria_config,
                         graph_every=5)
     with trace:
         traced = evaluate_lm(model, corpus, paper_protocol(16), on_step=trace, progress=False)
@@ -127,7 +128,7 @@ def test_trace_records_every_segment_and_saves_the_final_memory(tmp_path, tiny_g
     # LTM with an edge to it: from the fourth segment on, LTM engrams are reminded
     ages = [r["memory/reminded_ltm_age"] for r in records]
     assert all(math.isnan(a) for a in ages[:3]) and all(a >= 2 for a in ages[3:])
-    snap = load_memory(tmp_path / "m.pt")
+    snap = load_memory(tmp_path / "m.safetensors")
     # 19 segments, 18 memory steps: the first segment has no previous one, its row is reset after it
     assert int(snap.state.step[0]) == 18 and snap.config == model.config.memoria_config
     assert (snap.state.kind == LTM).sum().item() == records[-1]["memory/ltm"]

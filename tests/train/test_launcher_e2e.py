@@ -16,11 +16,13 @@ import torch
 from memoria_ds.train.checkpoint import find_latest, validate
 from memoria_ds.train.faults import EXIT_CODE
 
+from memoria_ds.safe_io import load_tree
+
 from .launch_util import ROOT, check, losses_by_step, metrics, run_training
 
 
 def _shard_tensors(path):
-    shard = torch.load(path, map_location="cpu", weights_only=False)
+    shard = load_tree(path)
     out = {}
     for slot, sd in enumerate(shard["memory"]):
         for key, value in (sd or {}).items():
@@ -51,7 +53,7 @@ def test_single_rank_run_leaves_a_complete_run_directory(tmp_path):
     # the final evaluation's memory trace and state, for launch/analyze.py
     trace = (run / "eval" / "trace_paper.jsonl").read_text().splitlines()
     assert len(trace) == 3 and "memory/stm" in json.loads(trace[-1])
-    assert (run / "eval" / "memory_full.pt").is_file() and (run / "eval" / "memory_paper.pt").is_file()
+    assert (run / "eval" / "memory_full.safetensors").is_file() and (run / "eval" / "memory_paper.safetensors").is_file()
     summary = json.loads((run / "summary.json").read_text())
     assert {e["protocol"]["name"] for e in summary["eval"]} == {"full", "paper"}
     assert "done: 6 steps" in proc.stdout and "eval [paper] validation: ppl" in proc.stdout
@@ -62,7 +64,10 @@ def test_single_rank_run_leaves_a_complete_run_directory(tmp_path):
     import memoria_ds.model  # noqa: F401  (registers the model type)
     from memoria_ds.train.export import consolidated_state_dict
 
+    assert (run / "export" / "model.safetensors").is_file()
+    assert not [p for p in (run / "export").rglob("*") if p.suffix in (".bin", ".pt", ".pth", ".pkl")]
     model = AutoModelForCausalLM.from_pretrained(run / "export")
+    # the export (from the live fp32 masters) equals DeepSpeed's consolidation of the final checkpoint
     saved = consolidated_state_dict(run / "checkpoints" / "step_00000006", "deepspeed")
     live = model.state_dict()
     for name, tensor in saved.items():
@@ -85,8 +90,8 @@ def test_kill_then_resume_equals_uninterrupted(tmp_path):
     for step in (4, 5, 6):  # steps run after the resume from step 3
         assert a[step] == b[step], f"step {step}: uninterrupted {a[step]!r} vs resumed {b[step]!r}"
     # the memory at the end is bit-identical too
-    ta = _shard_tensors(whole / "checkpoints" / "step_00000006" / "rank_00000.pt")
-    tb = _shard_tensors(killed / "checkpoints" / "step_00000006" / "rank_00000.pt")
+    ta = _shard_tensors(whole / "checkpoints" / "step_00000006" / "rank_00000.safetensors")
+    tb = _shard_tensors(killed / "checkpoints" / "step_00000006" / "rank_00000.safetensors")
     assert ta.keys() == tb.keys() and len(ta) > 0
     for key in ta:
         assert torch.equal(ta[key], tb[key]), key
@@ -159,7 +164,7 @@ def test_resume_refuses_an_incompatible_or_corrupt_checkpoint(tmp_path):
     assert proc.returncode == 1 and "different `model` configuration" in proc.stderr
 
     # corrupt the newest shard: `auto` falls back to the previous checkpoint and says so ...
-    shard = run / "checkpoints" / "step_00000006" / "rank_00000.pt"
+    shard = run / "checkpoints" / "step_00000006" / "rank_00000.safetensors"
     shard.write_bytes(shard.read_bytes()[:-10] + b"0123456789")
     proc = check(run_training(run, "checkpoint.resume=auto"))
     assert "does not match its checksum" in proc.stdout + proc.stderr
@@ -170,7 +175,7 @@ def test_resume_refuses_an_incompatible_or_corrupt_checkpoint(tmp_path):
     assert proc.returncode == 1 and "does not match its checksum" in proc.stderr
     # no usable checkpoint at all: `auto` refuses instead of restarting over them
     for step in (6, 3):
-        shard = run / "checkpoints" / f"step_{step:08d}" / "rank_00000.pt"
+        shard = run / "checkpoints" / f"step_{step:08d}" / "rank_00000.safetensors"
         shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     before = {p: p.read_bytes() for p in (run / "checkpoints").rglob("*") if p.is_file()}
     lines = len((run / "metrics.jsonl").read_text().splitlines())
@@ -227,7 +232,7 @@ def test_a_rollback_sets_the_abandoned_checkpoints_aside(tmp_path):
     ckpts = run / "checkpoints"
     check(run_training(run, "checkpoint.every=1", "checkpoint.keep_last=3"))
     assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000004", "step_00000005", "step_00000006"]
-    old6 = (ckpts / "step_00000006" / "rank_00000.pt").read_bytes()
+    old6 = (ckpts / "step_00000006" / "rank_00000.safetensors").read_bytes()
     proc = run_training(run, "checkpoint.every=1", "checkpoint.keep_last=3",
                         f"checkpoint.resume={ckpts / 'step_00000004'}", fault="kill_after_step:5")
     assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
@@ -235,13 +240,13 @@ def test_a_rollback_sets_the_abandoned_checkpoints_aside(tmp_path):
     abandoned = list((ckpts / "abandoned").glob("*/after_step_00000004"))
     assert len(abandoned) == 1
     assert sorted(p.name for p in abandoned[0].iterdir()) == ["step_00000005", "step_00000006"]
-    assert (abandoned[0] / "step_00000006" / "rank_00000.pt").read_bytes() == old6  # moved, untouched
+    assert (abandoned[0] / "step_00000006" / "rank_00000.safetensors").read_bytes() == old6  # moved, untouched
     assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000004", "step_00000005"]
     assert find_latest(ckpts)[0].step == 5  # the new timeline's, not the abandoned step 6
     proc = check(run_training(run, "checkpoint.every=1", "checkpoint.keep_last=3", "checkpoint.resume=auto"))
     assert '"step": 5' in proc.stdout and "set aside" not in proc.stdout
     assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000004", "step_00000005", "step_00000006"]
-    assert (abandoned[0] / "step_00000006" / "rank_00000.pt").read_bytes() == old6  # still set aside
+    assert (abandoned[0] / "step_00000006" / "rank_00000.safetensors").read_bytes() == old6  # still set aside
 
 
 @pytest.mark.parametrize("ds", ["cpu.json", "cpu_zero3.json"])

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from memoria_ds.safe_io import load_tree
 from memoria_ds.train.checkpoint import validate
 from memoria_ds.train.faults import EXIT_CODE
 
@@ -17,7 +18,7 @@ def _memory_rows(ckpt_dir, world_size):
     """{stream id: {field: tensor}} of every memory row saved in a checkpoint."""
     rows = {}
     for r in range(world_size):
-        shard = torch.load(ckpt_dir / f"rank_{r:05d}.pt", map_location="cpu", weights_only=False)
+        shard = load_tree(ckpt_dir / f"rank_{r:05d}.safetensors")
         mb = shard["micro_batch_size"]
         for pos, sid in enumerate(shard["stream_ids"]):
             sd = shard["memory"][pos // mb]
@@ -132,7 +133,10 @@ def test_zero3_lora_two_ranks_exports_complete_weights(tmp_path, tiny_backbone):
         "checkpoint.merge_lora=false", "eval.at_end=false", ranks=2,
     ))
     out = proc.stdout + proc.stderr
-    assert "trained tensors in step_00000003 equal the live parameters" in out
+    assert "trained tensors (fp32 masters) equal the live parameters at step 3" in out
+    # safetensors only, the adapter too: nothing in the export is a pickle
+    assert not [p for p in (run / "export").rglob("*") if p.suffix in (".bin", ".pt", ".pth", ".pkl")]
+    assert (run / "export" / "adapter" / "adapter_model.safetensors").is_file()
     # the adapter and the Memoria modules are complete (non-empty) and load back
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

@@ -13,7 +13,7 @@ import pytest
 
 from memoria_ds.train.run_lock import LOCK_NAME, RunDirInUse, RunLock, probe
 
-from .launch_util import FINETUNE, ROOT, TINY, check, metrics, run_training
+from .launch_util import FINETUNE, ROOT, TINY, check, run_training
 
 HOLD = "import sys, time; from memoria_ds.train.run_lock import RunLock; RunLock(sys.argv[1]).acquire(); " \
        "print('held', flush=True); time.sleep(600)"
