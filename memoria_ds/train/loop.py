@@ -19,18 +19,19 @@ from typing import Any
 import torch
 
 from ..data import VOCAB_SIZE, ExampleStreams, TokenStreams
-from ..eval import EvalResult, evaluate_lm, evaluate_sorting, protocol_from_name
+from ..eval import EvalResult
+from ..eval.configured import describe, evaluate_split
 from ..memory import graph_stats
 from . import distributed as dist_utils
 from . import faults
 from .build import build_run_model, check_pretrained_settings, load_corpora, resolve_precision, unwrap
 from .checkpoint import CheckpointError, CheckpointInfo, list_checkpoints, load_all_shards, load_shard, save_checkpoint
-from .health import check_before_save, weights_magnitude
 from .config import RunConfig
 from .distributed import DistInfo
 from .ds_config import read_ds_config, resolve_ds_config
 from .engine import DeepSpeedEngine, TorchEngine, TrainEngine, check_ds_config, guard_loss
 from .export import export_hf
+from .health import check_before_save, weights_magnitude
 from .metrics import MetricsWriter
 from .resume import (check_compatible, choose_checkpoint, describe_resume, ensure_universal, fingerprint,
                      set_aside_newer)
@@ -383,36 +384,19 @@ class Trainer:
         corpus = self.corpora.get(cfg.eval.split)
         if corpus is None:
             return []
-        streams = cfg.eval.num_streams or self.info.world_size
-        results = []
         self.engine.eval()
-        if self.sorting:
-            result = evaluate_sorting(
-                self.model, corpus, segment_length=cfg.data.segment_length, batch_size=self.num_streams,
-                model_name=f"{cfg.model.preset}@step{step}", split=cfg.eval.split, rank=self.info.rank,
-                world_size=self.info.world_size, device=self.device, progress=False,
-                output_path=str(self._eval_dir() / f"step_{step:08d}_sorting.json") if self.info.is_main else None,
-            )
-            writer.log(step, {"accuracy": result.accuracy, "nll": result.nll}, kind="eval_sorting")
-            writer.message(f"eval step {step} [sorting]: accuracy {result.accuracy:.4f} over {result.scored_tokens} targets")
-            results.append(result)
-        for name in [] if self.sorting else cfg.eval.protocols:
-            protocol = protocol_from_name(name, cfg.data.segment_length, streams, cfg.eval.reset)
-            trace = self._trace(name) if step == self.total_steps else None
-            result = evaluate_lm(
-                self.model, corpus, protocol, model_name=f"{cfg.model.backbone}:{cfg.model.preset}@step{step}",
-                rank=self.info.rank, world_size=self.info.world_size, device=self.device,
-                max_steps=cfg.eval.max_steps, progress=False, on_step=trace,
-                output_path=str(self._eval_dir() / f"step_{step:08d}_{name}.json") if self.info.is_main else None,
-            )
-            if trace is not None:
-                trace.close()
-            results.append(result)
-            values = {"ppl": result.ppl, "nll": result.nll, "scored_tokens": result.scored_tokens}
-            if result.bpc is not None:
-                values["bpc"] = result.bpc
-            writer.log(step, values, kind=f"eval_{name}")
-            writer.message(f"eval step {step} [{name}]: ppl {result.ppl:.3f} over {result.scored_tokens} tokens")
+        results = evaluate_split(
+            self.model, corpus, data=cfg.data, evaluation=cfg.eval, rank=self.info.rank,
+            world_size=self.info.world_size, device=self.device, out_dir=self._eval_dir(),
+            label=(f"{cfg.model.preset}@step_{step:08d}" if self.sorting
+                   else f"{cfg.model.backbone}:{cfg.model.preset}@step_{step:08d}"),
+            sorting_batch_size=self.num_streams, trace=self._trace if step == self.total_steps else None,
+        )
+        for result in results:
+            line, values = describe(result)
+            kind = "eval_sorting" if result.accuracy is not None else f"eval_{result.protocol['name']}"
+            writer.log(step, values, kind=kind)
+            writer.message(f"eval step {step} {line}")
         self.engine.train()
         return results
 

@@ -1,0 +1,85 @@
+"""One split evaluated as a run configuration asks: the protocols of `eval`, or the sorting task.
+
+Shared by the training loop (evaluation during and after training) and `launch/evaluate.py`
+(a saved model on its own), so both score the same way and write the same result files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .perplexity import evaluate_lm
+from .protocols import protocol_from_name
+from .result import EvalResult
+from .sorting import evaluate_sorting
+
+
+def evaluate_split(
+    model: Any,
+    corpus: Any,
+    *,
+    data: Any,
+    evaluation: Any,
+    label: str,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    out_dir: Path | None,
+    sorting_batch_size: int,
+    trace: Callable[[str], Any] | None = None,
+) -> list[EvalResult]:
+    """Evaluate `model` on one tokenized split (or sorting dataset).
+
+    Args:
+        data: the run's `data` section (corpus, segment_length).
+        evaluation: the run's `eval` section (split, protocols, num_streams, reset, max_steps).
+        label: the model's name in the results (e.g. `gpt2:memoria@step100`); result files are
+            `<out_dir>/<file stem>_<protocol>.json` with the stem taken from after the last `@`.
+        out_dir: where rank 0 writes one JSON per protocol (None: nowhere).
+        sorting_batch_size: examples per batch on the sorting task (a multiple of the world size).
+        trace: `trace(protocol)` -> a per-segment callback (`MemoryTrace`) or None; each
+            callback returned is closed after its protocol.
+
+    Returns:
+        One result per protocol (or the sorting result). Every rank calls this.
+    """
+    stem = label.rsplit("@", 1)[-1]
+
+    def output(name: str) -> str | None:
+        return str(out_dir / f"{stem}_{name}.json") if out_dir is not None and rank == 0 else None
+
+    if data.corpus == "sorting":
+        return [evaluate_sorting(
+            model, corpus, segment_length=data.segment_length, batch_size=sorting_batch_size, model_name=label,
+            split=evaluation.split, rank=rank, world_size=world_size, device=device, progress=False,
+            output_path=output("sorting"),
+        )]
+    results = []
+    streams = evaluation.num_streams or world_size
+    for name in evaluation.protocols:
+        protocol = protocol_from_name(name, data.segment_length, streams, evaluation.reset)
+        callback = trace(name) if trace is not None else None
+        try:
+            results.append(evaluate_lm(
+                model, corpus, protocol, model_name=label, rank=rank, world_size=world_size, device=device,
+                max_steps=evaluation.max_steps, progress=False, on_step=callback, output_path=output(name),
+            ))
+        finally:
+            if callback is not None:
+                callback.close()
+    return results
+
+
+def describe(result: EvalResult) -> tuple[str, dict[str, float]]:
+    """(a one-line summary, the scalars to log) of one result."""
+    name = result.protocol["name"] if isinstance(result.protocol, dict) else str(result.protocol)
+    if result.accuracy is not None:
+        return (f"[sorting]: accuracy {result.accuracy:.4f} over {result.scored_tokens} targets",
+                {"accuracy": result.accuracy, "nll": result.nll})
+    values = {"ppl": result.ppl, "nll": result.nll, "scored_tokens": result.scored_tokens}
+    if result.bpc is not None:
+        values["bpc"] = result.bpc
+    return f"[{name}]: ppl {result.ppl:.3f} over {result.scored_tokens} tokens", values

@@ -1,0 +1,80 @@
+"""launch/evaluate.py (issue 18 item 1): a saved model scored without training, one process or under the launcher."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from memoria_ds.eval import read_results
+
+from .launch_util import ROOT, check, free_port, run_training
+
+EVALUATE = str(ROOT / "launch" / "evaluate.py")
+
+
+def evaluate(*args: str, ranks: int = 1) -> subprocess.CompletedProcess:
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               PYTHONUNBUFFERED="1")
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "MEMORIA_DS_FAULT"):
+        env.pop(key, None)
+    if ranks == 1:
+        cmd = [sys.executable, EVALUATE, *args]
+    else:
+        cmd = [shutil.which("deepspeed") or str(ROOT / ".venv" / "bin" / "deepspeed"), "--num_gpus", str(ranks),
+               "--master_port", str(free_port()), EVALUATE, *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_a_run_is_scored_as_its_training_scored_it_on_one_or_two_ranks(tmp_path):
+    run = tmp_path / "run"
+    check(run_training(run, "checkpoint.export=true", "eval.protocols=[full, paper]", "eval.max_steps=null"))
+    trained = {r.protocol["name"]: r for r in map(read_results, sorted((run / "eval").glob("step_*.json")))
+               for r in r}
+    proc = check(evaluate(str(run), "eval.protocols=[full, paper]", "eval.trace=true"))
+    assert "eval validation [full]: ppl" in proc.stdout and "results:" in proc.stdout
+    for name in ("full", "paper"):
+        (mine,) = read_results(run / "eval" / f"validation_{name}.json")
+        assert mine.scored_tokens == trained[name].scored_tokens
+        assert abs(mine.nll - trained[name].nll) < 1e-5, (name, mine.nll, trained[name].nll)
+    assert (run / "eval" / "memory_validation_paper.safetensors").is_file()
+    assert len((run / "eval" / "trace_validation_paper.jsonl").read_text().splitlines()) > 1
+
+    # under the deepspeed launcher on 2 ranks: the full protocol's streams split over ranks, same totals
+    out = tmp_path / "two"
+    check(evaluate(str(run), "eval.protocols=[full]", "eval.num_streams=2", "--out", str(out), ranks=2))
+    check(evaluate(str(run), "eval.protocols=[full]", "eval.num_streams=2", "--out", str(tmp_path / "one")))
+    (two,), (one,) = read_results(out / "validation_full.json"), read_results(tmp_path / "one" / "validation_full.json")
+    assert two.world_size == 2 and one.world_size == 1 and two.scored_tokens == one.scored_tokens
+    assert abs(two.nll - one.nll) < 1e-5
+
+
+def test_a_plain_causal_lm_is_scored_without_memory(tmp_path):
+    torch.manual_seed(0)
+    plain = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=64)).save_pretrained(plain)
+    proc = check(evaluate(str(plain), "data.corpus=bundled", "data.segment_length=16", "eval.protocols=[paper]",
+                          "eval.max_steps=4", "--out", str(tmp_path / "out")))
+    (result,) = read_results(tmp_path / "out" / "validation_paper.json")
+    assert result.scored_tokens == 4 * 15 and "eval validation [paper]" in proc.stdout
+    assert json.loads((tmp_path / "out" / "validation_paper.json").read_text())
+
+
+def test_mistakes_stop_before_any_work(tmp_path):
+    for args, says in [
+        ([str(tmp_path / "missing")], "does not exist"),
+        ([str(tmp_path)], "neither a run directory"),
+        ([str(ROOT / "launch"), "eval.protocols=[nope]"], "neither a run directory"),
+    ]:
+        proc = evaluate(*args)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr[-2000:]
+    run = tmp_path / "run"
+    (run).mkdir()
+    (run / "config.yaml").write_text("seed: 0\n")
+    proc = evaluate(str(run))
+    assert proc.returncode == 2 and "without an export/" in proc.stderr
