@@ -1,4 +1,4 @@
-"""Fine-tune Memoria GPT-2 (or the `none` / `xl` baselines) from a pretrained GPT-2.
+"""Fine-tune Memoria GPT-2 (or the `transformer` / `xl` baselines) from a pretrained GPT-2.
 
     deepspeed launch/finetune.py --deepspeed ds_configs/zero2.json --config my_run.yaml optim.lr=5e-5
 

@@ -1,4 +1,4 @@
-"""Memoria GPT-2: the memory bolted onto an unmodified HF GPT-2, plus the `none`/`xl` baselines.
+"""Memoria GPT-2: the memory bolted onto an unmodified HF GPT-2, plus the `transformer` / `xl` baselines.
 
     from memoria_ds.model import build_model
     model = build_model("gpt2", preset="memoria")          # hub name, local dir, or GPT2Config

@@ -1,4 +1,4 @@
-"""Memoria GPT-2 (and the `none` / `xl` baselines) around an unmodified HF GPT-2.
+"""Memoria GPT-2 (and the `transformer` / `xl` baseline presets) around an unmodified HF GPT-2.
 
 Contract 2 (docs/design.md):
 

@@ -34,7 +34,7 @@ def parse(argv: list[str] | None, description: str, base_overrides: list[str]) -
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=3e-5 model.preset=xl")
     a = p.parse_intermixed_args(argv)  # overrides may stand before or after the options
-    overrides = list(base_overrides) + list(a.overrides)
+    overrides = list(a.overrides)  # the entry point's `base_overrides` are defaults: the user's file and overrides win
     if a.deepspeed:
         overrides.append(f"deepspeed={a.deepspeed}")
     if a.resume:
@@ -43,7 +43,7 @@ def parse(argv: list[str] | None, description: str, base_overrides: list[str]) -
         overrides.append(f"run_dir={a.run_dir}")
     if a.engine:
         overrides.append(f"engine={a.engine}")
-    return load(RunConfig, a.config, overrides)
+    return load(RunConfig, a.config, overrides, defaults=list(base_overrides))
 
 
 def describe_summary(summary: dict) -> str:

@@ -169,9 +169,25 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
     return out
 
 
-def load(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
-    """`cls` from an optional YAML/JSON file plus dotted overrides, fully checked."""
+def _is_set(values: dict[str, Any], item: str) -> bool:
+    """Whether the dotted key of override `item` is present in `values`."""
+    node: Any = values
+    for part in item.split("=", 1)[0].strip().split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def load(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
+         defaults: list[str] | None = None) -> T:
+    """`cls` from an optional YAML/JSON file plus dotted overrides, fully checked.
+
+    `defaults` (dotted, like overrides) apply only to keys the file does not set: an entry
+    point's own defaults (launch/pretrain.py's learning rate) never beat the user's file.
+    """
     values = read_file(path) if path else {}
+    values = apply_overrides(values, [d for d in defaults or [] if not _is_set(values, d)])
     return from_dict(cls, apply_overrides(values, overrides or []))
 
 

@@ -36,6 +36,16 @@ def test_file_then_overrides(tmp_path):
     assert cfg.flag is True and cfg.extra == {"x": 3} and cfg.tags == ["u", "v"] and cfg.inner.name is None
 
 
+def test_entry_point_defaults_yield_to_the_file_and_the_overrides(tmp_path):
+    """launch/pretrain.py's lr 2e-4 is a default: a user's YAML value (or override) wins (issue 18 item 6)."""
+    p = tmp_path / "c.yaml"
+    p.write_text("inner:\n  lr: 0.001\n")
+    assert load(Outer, p, [], defaults=["inner.lr=2e-4", "flag=true"]).inner.lr == 0.001
+    assert load(Outer, p, [], defaults=["inner.lr=2e-4", "flag=true"]).flag is True  # not in the file: applied
+    assert load(Outer, p, ["inner.lr=5e-5"], defaults=["inner.lr=2e-4"]).inner.lr == 5e-5
+    assert load(Outer, None, [], defaults=["inner.lr=2e-4"]).inner.lr == 2e-4
+
+
 def test_scientific_notation_without_a_dot_is_a_number():
     # PyYAML (YAML 1.1) reads `3e-5` as a string; users write it that way on command lines
     assert load(Outer, None, ["inner.lr=3e-5"]).inner.lr == 3e-5
@@ -89,3 +99,14 @@ def test_overrides_do_not_mutate_input():
     base = {"inner": {"lr": 1.0}}
     apply_overrides(base, ["inner.lr=2"])
     assert base == {"inner": {"lr": 1.0}}
+
+
+def test_pretrain_keeps_the_users_learning_rate(tmp_path):
+    from memoria_ds.train.cli import parse
+
+    p = tmp_path / "run.yaml"
+    p.write_text("optim:\n  lr: 1.0e-3\n")
+    base = ["model.from_scratch=true", "optim.lr=2e-4"]  # launch/pretrain.py's
+    cfg = parse(["--config", str(p)], "pretrain", base)
+    assert cfg.optim.lr == 1e-3 and cfg.model.from_scratch is True
+    assert parse([], "pretrain", base).optim.lr == 2e-4
