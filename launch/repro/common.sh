@@ -24,7 +24,10 @@ while [[ $# -gt 0 ]]; do
   case $1 in
     --mode) mode=${2:?--mode needs a value}; shift 2 ;;
     --mode=*) mode=${1#--mode=}; shift ;;
-    -h|--help) exec "$PYTHON" -m memoria_ds.analysis.plan --help ;;
+    -h|--help)  # the launcher's own flags (--mode), then the planner's
+      sed -n '4,17p' "${BASH_SOURCE[0]}" | sed -E 's/^# ?//'
+      echo
+      exec "$PYTHON" -m memoria_ds.analysis.plan --help ;;
     --) args+=("$@"); break ;;
     *) args+=("$1"); shift ;;
   esac

@@ -35,7 +35,7 @@ def _offline_hint(name: str, err: Exception) -> OSError:
     return OSError(
         f"could not load {name!r} from the hub ({err}). Without network, copy the dataset from a machine "
         f"that has it (`hf download {name} --repo-type dataset --local-dir DIR`, or "
-        "`load_dataset(...).save_to_disk(DIR)`) and pass path=DIR"
+        "`load_dataset(...).save_to_disk(DIR)`) and pass data.path=DIR (in Python: path=DIR)"
     )
 
 

@@ -313,3 +313,17 @@ def test_every_launcher_is_strict_and_thin():
         assert "&>" not in text, script
     assert all('"$@"' in (ROOT / f"launch/repro/table{t}.sh").read_text() for t in (1, 2, 4, 5, 7))
     assert "tee -a" in (ROOT / "launch/repro/common.sh").read_text()
+
+
+def test_the_table_launchers_help_shows_their_modes():
+    """`table5.sh --help` lists its own `--mode` before the planner's flags (issue 18 item 6)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHON=sys.executable)
+    out = subprocess.run(["bash", str(ROOT / "launch" / "repro" / "table5.sh"), "--help"], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--mode dry-run" in out.stdout and "--mode smoke" in out.stdout and "--topology" in out.stdout
+    assert out.stdout.index("--mode run") < out.stdout.index("usage:")
