@@ -165,7 +165,8 @@ def check_pickles(paths: list[Path], allowed: frozenset[str], writer: str) -> No
 
 
 # --------------------------------------------------------------------------- conversion
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes (hex), read in 1 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -185,7 +186,7 @@ def _update_manifest(folder: Path, old: str, new: str) -> None:
         table = manifest.get(key)
         if isinstance(table, dict) and old in table:
             del table[old]
-            table[new] = _sha256(target) if value is None else value
+            table[new] = file_sha256(target) if value is None else value
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1))
     os.replace(tmp, path)

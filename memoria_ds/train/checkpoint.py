@@ -24,7 +24,6 @@ DeepSpeed's files under `engine/` are pickles by DeepSpeed's design (docs/traini
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import re
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 
-from ..safe_io import CONVERT, PickleRefused, check_pickles, is_pickle, load_tree, save_tree
+from ..safe_io import CONVERT, PickleRefused, check_pickles, file_sha256, is_pickle, load_tree, save_tree
 from .engine import DEEPSPEED_PICKLE_GLOBALS
 from . import distributed as dist_utils
 from . import faults
@@ -75,14 +74,6 @@ def shard_name(rank: int) -> str:
 
 
 _LEGACY = re.compile(r"^(rank_\d{5}\.pt|engine/engine\.pt)$")  # pickles of memoria_ds before safe_io
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -187,7 +178,7 @@ def _finalise(root: Path, staging: Path, final: Path, step: int, world_size: int
         "files": files,
         # every file (engine state included): a flipped byte anywhere is caught before loading
         # (about 1 s per GB on rank 0; checked newest first on resume, not when pruning)
-        "sha256": {rel: _sha256(staging / rel) for rel in files},
+        "sha256": {rel: file_sha256(staging / rel) for rel in files},
         "meta": meta,
     }
     atomic_write_bytes(staging / MANIFEST, json.dumps(manifest, indent=1).encode())
@@ -277,7 +268,7 @@ def validate(path: Path, verify_contents: bool = True) -> CheckpointInfo:
             raise CheckpointError(f"checkpoint {str(path)!r}: {rel} is {f.stat().st_size} bytes, the manifest says {size}")
     digests = manifest.get("sha256") or manifest.get("shard_sha256", {})
     for name, digest in digests.items() if verify_contents else ():
-        if _sha256(path / name) != digest:
+        if file_sha256(path / name) != digest:
             raise CheckpointError(f"checkpoint {str(path)!r}: {name} does not match its checksum (corrupt)")
     if verify_contents:
         _check_no_code(path, manifest)

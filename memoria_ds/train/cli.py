@@ -12,7 +12,6 @@ starts, with a message that says what to change.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from .checkpoint import CheckpointError
@@ -87,12 +86,4 @@ def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2"
     except (CheckpointError, NonFiniteLoss, DivergedState) as e:
         print(f"error (rank {info.rank}): {e}", file=sys.stderr, flush=True)
         code = 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    try:
-        dist_utils.shutdown() if code == 0 else None
-    finally:
-        # A rank can abort in interpreter teardown after a finished DeepSpeed run
-        # (shared/notes/deepspeed_on_cpu.md); leave right away instead.
-        os._exit(code)
+    dist_utils.leave(code)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -144,6 +145,19 @@ def broadcast_object(obj, src: int = 0):
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def leave(code: int) -> None:
+    """End a launcher process: flush, tear the group down after a success, and `os._exit`.
+
+    A rank can abort in interpreter teardown after a finished DeepSpeed run (see
+    shared notes on DeepSpeed on CPU); leaving right away avoids it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        shutdown() if code == 0 else None
+    finally:
+        os._exit(code)
 
 
 def shutdown() -> None:

@@ -17,7 +17,6 @@ Mistakes stop before any model or data work, with exit status 2.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -131,11 +130,5 @@ def main(argv: list[str] | None = None) -> None:
     except (ConfigError, OSError, ValueError) as e:
         print(f"error (rank {info.rank}): {e}", file=sys.stderr, flush=True)
         code = 2 if isinstance(e, ConfigError) else 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    try:
-        dist_utils.shutdown() if code == 0 else None
-    finally:
-        os._exit(code)
+    dist_utils.leave(code)
 
