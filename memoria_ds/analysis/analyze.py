@@ -5,8 +5,8 @@
 
 From a run directory it plots what is there: the training's memory statistics
 (`metrics.jsonl`, every log step), every evaluation trace in the output folder, and the
-newest memory state (an evaluation's final memory if there is one, else the newest
-checkpoint shard). `--trace SPLIT` first evaluates the run's exported model on SPLIT with
+memory states (each traced evaluation's final memory and the newest checkpoint shard, each
+figure named after its source: `fig6_ltm_creation_test_paper`, `fig6_ltm_creation_checkpoint`). `--trace SPLIT` first evaluates the run's exported model on SPLIT with
 the memory traced (one stream, memory carried through the split, as the paper's Figure 5
 was measured on the test set) and saves the final memory, so the Figure 6/8/9 plots show
 the engrams that survive the whole split. Output (default `RUN_DIR/analysis/`): the PNGs,
@@ -85,20 +85,35 @@ def plot_trace(records: list[dict[str, Any]], out: Path, name: str, xlabel: str,
     return figures
 
 
-def plot_state(snap: MemorySnapshot, out: Path) -> dict[str, Any]:
-    """Figures 6, 8, 9 and the lifespans from one memory state."""
+def state_tag(path: Path) -> str:
+    """The name a memory file's figures carry: `checkpoint` for a checkpoint shard, the trace's
+    name (`test_paper`) for a trace state, else the file's stem."""
+    stem = Path(path).stem
+    if stem.startswith("rank_"):
+        return "checkpoint"
+    return stem[len("memory_"):] if stem.startswith("memory_") else stem
+
+
+def plot_state(snap: MemorySnapshot, out: Path, tag: str) -> dict[str, Any]:
+    """Figures 6, 8, 9 and the lifespans from one memory state, named `<figure>_<tag>`
+    (so the figures of a traced evaluation's memory and of a checkpoint's stand side by side)."""
     src = snap.source
     age, weight = edge_weights_by_age(snap)
     percent = ltm_creation_percent(snap)
+
+    def path(name: str) -> Path:
+        return out / f"{name}_{tag}.png"
+
     return {
-        "fig6_ltm_creation": {"path": str(plots.ltm_creation(percent, out / "fig6_ltm_creation.png", source=src)),
-                              "source": src, "points": int(len(percent))},
-        "fig8_edge_weight_age": {"path": str(plots.edge_weight_age(age, weight, out / "fig8_edge_weight_age.png",
-                                                                   source=src)), "source": src, "points": int(len(age))},
-        "fig9_edge_weight_age_300": {"path": str(plots.edge_weight_zoom(age, weight, out / "fig9_edge_weight_age_300.png",
-                                                                        source=src)), "source": src},
-        "lifespans": {"path": str(plots.lifespans(lifespans_by_kind(snap), out / "lifespans.png", source=src)),
-                      "source": src},
+        f"fig6_ltm_creation_{tag}": {"path": str(plots.ltm_creation(percent, path("fig6_ltm_creation"), source=src)),
+                                     "source": src, "points": int(len(percent))},
+        f"fig8_edge_weight_age_{tag}": {"path": str(plots.edge_weight_age(age, weight, path("fig8_edge_weight_age"),
+                                                                         source=src)),
+                                        "source": src, "points": int(len(age))},
+        f"fig9_edge_weight_age_300_{tag}": {"path": str(plots.edge_weight_zoom(
+            age, weight, path("fig9_edge_weight_age_300"), source=src)), "source": src},
+        f"lifespans_{tag}": {"path": str(plots.lifespans(lifespans_by_kind(snap), path("lifespans"), source=src)),
+                             "source": src},
     }
 
 
@@ -118,11 +133,11 @@ def analyze_run(run_dir: str | Path, out: str | Path | None = None, *, trace_spl
     for trace in sorted(out.glob("trace_*.jsonl")):
         name = trace.stem[len("trace_"):]
         figures.update(plot_trace(read_trace(trace), out, name, "segment (memory step)", f"evaluation, {name}"))
-    states = sorted(out.glob("memory_*.safetensors"), key=lambda p: p.stat().st_mtime)
-    state_file = states[-1] if states else latest_shard(run_dir)
-    if state_file is not None:
+    # every traced evaluation's final memory, and the newest checkpoint's: each under its own name
+    states = sorted(out.glob("memory_*.safetensors")) + [s for s in [latest_shard(run_dir)] if s is not None]
+    for state_file in states:
         try:
-            figures.update(plot_state(load_memory(state_file), out))
+            figures.update(plot_state(load_memory(state_file), out, state_tag(state_file)))
         except ValueError as e:  # a baseline run: nothing to draw from
             print(f"no memory plots from {state_file}: {e}", file=sys.stderr)
     (out / "figures.json").write_text(json.dumps(figures, indent=1) + "\n")
@@ -137,7 +152,7 @@ def analyze_files(out: str | Path, state: str | Path | None = None, trace: str |
     if trace is not None:
         figures.update(plot_trace(read_trace(trace), out, Path(trace).stem, "step", str(trace)))
     if state is not None:
-        figures.update(plot_state(load_memory(state), out))
+        figures.update(plot_state(load_memory(state), out, state_tag(Path(state))))
     (out / "figures.json").write_text(json.dumps(figures, indent=1) + "\n")
     return figures
 

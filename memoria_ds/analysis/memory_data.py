@@ -71,14 +71,17 @@ def load_memory(path: str | os.PathLike) -> MemorySnapshot:
         manifest = path.parent / "manifest.json"
         if not manifest.is_file():
             raise ValueError(f"{path} is a checkpoint shard but {manifest} is missing (its settings are there)")
-        config = memoria_config_of_run(json.loads(manifest.read_text())["meta"]["config"])
+        run_config = json.loads(manifest.read_text())["meta"]["config"]
+        config = memoria_config_of_run(run_config)
+        reset = (run_config.get("data") or {}).get("reset", "never")
         states = [MemoryState.from_state_dict(m["state"], config=config) for m in obj["memory"]
                   if m is not None and m.get("kind") == "memoria"]
         if not states:
             raise ValueError(f"{path} holds no Memoria memory rows (no step taken yet?)")
         return MemorySnapshot(MemoryState.cat(states), config,
                               f"{path.parent.name}/{path.name}: training memory at step {obj.get('step')} "
-                              f"(since the last periodic reset)")
+                              + ("(carried since the start of training: data.reset=never)" if reset == "never"
+                                 else f"(since each row's last reset; data.reset={reset})"))
     raise ValueError(f"{path} is neither a memory trace state nor a checkpoint shard (rank_XXXXX.safetensors)")
 
 

@@ -120,7 +120,8 @@ def edge_weight_zoom(age: np.ndarray, weight: np.ndarray, path: str | os.PathLik
         ax.scatter(ages[keep], mean[keep], s=8, color="tab:blue")
     else:
         _note(ax, "no pair of live engrams")
-    ax.set(xlabel="age difference (creation steps)", ylabel="mean edge weight", xlim=(-2, max_age + 2),
+    right = min(max_age, int(ages[keep].max())) if keep.any() else max_age  # the axis ends where the data ends
+    ax.set(xlabel="age difference (creation steps)", ylabel="mean edge weight", xlim=(-2, right + 2),
            title=f"Mean edge weight, age differences <= {max_age}" + (f"\n{source}" if source else ""))
     return _save(fig, path, ["age_difference", "mean_weight", "pairs"],
                  zip(ages[keep].tolist(), mean[keep].tolist(), n[keep].tolist()))
@@ -128,13 +129,19 @@ def edge_weight_zoom(age: np.ndarray, weight: np.ndarray, path: str | os.PathLik
 
 def memory_kinds(records: Sequence[dict], path: str | os.PathLike, *, xlabel: str = "step",
                  title: str = "Engrams per kind") -> Path:
-    """Engrams per kind (mean over rows) and evictions over steps, from trace or metrics records."""
+    """Engrams per kind (mean over rows) and evictions over steps, from trace or metrics records.
+
+    The statistics are taken after each step's memorize, when the step's working memory has
+    already become STM, so `wm` is 0 by construction: it is kept in the CSV, and drawn only if
+    it is ever non-zero (a zero line hides under the axis)."""
     keys = ["memory/wm", "memory/stm", "memory/ltm", "memory/evicted"]
     rows = [r for r in records if "memory/ltm" in r]
     fig = Figure(figsize=(6, 3.5))
     ax = fig.subplots()
     steps = [r["step"] for r in rows]
     for k in keys:
+        if k == "memory/wm" and not any(r.get(k) for r in rows):
+            continue
         if rows and k in rows[0]:
             ax.plot(steps, [r.get(k, math.nan) for r in rows], label=k.split("/")[1], lw=1)
     if rows:

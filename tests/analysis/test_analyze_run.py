@@ -22,8 +22,9 @@ from memoria_ds.memory.state import LTM  # noqa: E402
 from memoria_ds.safe_io import load_tree  # noqa: E402
 
 FIGURES = {"fig5_reminded_ltm_age_train", "memory_kinds_train", "fig5_reminded_ltm_age_test_paper",
-           "memory_kinds_test_paper", "fig6_ltm_creation", "fig8_edge_weight_age", "fig9_edge_weight_age_300",
-           "lifespans"}
+           "memory_kinds_test_paper"} | {f"{name}_{source}" for name in ("fig6_ltm_creation", "fig8_edge_weight_age",
+                                                                        "fig9_edge_weight_age_300", "lifespans")
+                                         for source in ("test_paper", "checkpoint")}
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +67,12 @@ def test_table1_smoke_run_and_its_plots(smoke_run):
     # Figure 6 counts every LTM engram of the final test-set memory once
     snap = load_memory(out / "memory_test_paper.safetensors")
     n_ltm = int((snap.state.kind == LTM).sum())
-    assert n_ltm > 0 and sum(int(r["engrams"]) for r in read_csv(out / "fig6_ltm_creation.csv")) == n_ltm
-    assert figures["fig6_ltm_creation"]["points"] == n_ltm
+    assert n_ltm > 0 and sum(int(r["engrams"]) for r in read_csv(out / "fig6_ltm_creation_test_paper.csv")) == n_ltm
+    assert figures["fig6_ltm_creation_test_paper"]["points"] == n_ltm
+    # --trace adds figures beside the checkpoint's, it does not overwrite them
+    assert "training memory at step 8" in figures["fig6_ltm_creation_checkpoint"]["source"]
     # Figures 8-9: weights are probabilities; engrams written in the same step are linked (they fired together)
-    fig8 = read_csv(out / "fig8_edge_weight_age.csv")
+    fig8 = read_csv(out / "fig8_edge_weight_age_test_paper.csv")
     assert all(0.0 <= float(r["mean_weight_all_pairs"]) <= 1.0 for r in fig8)
     assert float(fig8[0]["age_difference"]) == 0 and float(fig8[0]["mean_weight_linked_pairs"]) > 0
     evaluated = json.loads((out / "eval_test_paper.json").read_text())
@@ -81,7 +84,7 @@ def test_table1_smoke_run_and_its_plots(smoke_run):
     check(run([sys.executable, "launch/analyze.py", "--state", str(shard), "--trace-file",
                str(run_dir / "metrics.jsonl"), "--out", str(files)]))
     got = json.loads((files / "figures.json").read_text())
-    assert {"fig6_ltm_creation", "fig8_edge_weight_age", "fig5_reminded_ltm_age_metrics"} <= set(got)
+    assert {"fig6_ltm_creation_checkpoint", "fig8_edge_weight_age_checkpoint", "fig5_reminded_ltm_age_metrics"} <= set(got)
     train_ages = [float(r["reminded_ltm_age"]) for r in read_csv(files / "fig5_reminded_ltm_age_metrics.csv")]
     assert len(train_ages) == 8 and any(math.isfinite(a) for a in train_ages)  # logged every step
     saved = load_tree(shard)["memory"][0]["state"]["counts"]
