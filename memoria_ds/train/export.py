@@ -31,6 +31,7 @@ from . import distributed as dist_utils
 from .build import build_run_model, unwrap
 from .checkpoint import ENGINE_TAG
 from .engine import ENGINE_FILE
+from .model_card import model_card
 
 if TYPE_CHECKING:
     from .loop import Trainer
@@ -110,8 +111,9 @@ def trained_weights(trainer: Trainer) -> tuple[dict[str, torch.Tensor], int]:
     return out, len(out)
 
 
-def export_hf(trainer: Trainer, step: int) -> Path | None:
-    """Write `<run_dir>/export` from the engine's weights at `step` (rank 0; every rank calls)."""
+def export_hf(trainer: Trainer, step: int, results: list | None = None) -> Path | None:
+    """Write `<run_dir>/export` from the engine's weights at `step` (rank 0; every rank calls),
+    with a model card (README.md) giving the final evaluation `results`."""
     out_dir = Path(trainer.cfg.run_dir) / "export"
     state, checked = trained_weights(trainer)
     if trainer.info.is_main:
@@ -136,6 +138,8 @@ def export_hf(trainer: Trainer, step: int) -> Path | None:
             model = fresh
         model.save_pretrained(str(out_dir))  # transformers 5 writes safetensors only
         _save_tokenizer(trainer, out_dir)
+        lora = trainer.cfg.checkpoint.merge_lora if trainer.cfg.lora.enabled else None
+        (out_dir / "README.md").write_text(model_card(trainer.cfg, step, list(results or []), model.config, lora))
         trainer.log(f"exported step {step} to {out_dir} (safetensors)")
     dist_utils.barrier()
     return out_dir

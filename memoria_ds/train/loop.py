@@ -313,7 +313,7 @@ class Trainer:
         results = self.evaluate(writer, self.total_steps) if cfg.eval.at_end else []
         export_dir = None
         if cfg.checkpoint.export:
-            export_dir = export_hf(self, self.total_steps)
+            export_dir = export_hf(self, self.total_steps, results)
         writer.close()
         summary = {"steps": self.total_steps, "final_train_loss": last_loss,
                    "eval": [r.to_dict() for r in results], "export": str(export_dir) if export_dir else None,

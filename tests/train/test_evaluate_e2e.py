@@ -36,6 +36,11 @@ def test_a_run_is_scored_as_its_training_scored_it_on_one_or_two_ranks(tmp_path)
     check(run_training(run, "checkpoint.export=true", "eval.protocols=[full, paper]", "eval.max_steps=null"))
     trained = {r.protocol["name"]: r for r in map(read_results, sorted((run / "eval").glob("step_*.json")))
                for r in r}
+    # the export's model card gives the run's settings and these numbers
+    card = (run / "export" / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers") and "memory settings:" in card
+    for name, r in trained.items():
+        assert f"| validation | `{name}` | ppl {r.ppl:.3f} | {r.scored_tokens} |" in card
     proc = check(evaluate(str(run), "eval.protocols=[full, paper]", "eval.trace=true"))
     assert "eval validation [full]: ppl" in proc.stdout and "results:" in proc.stdout
     for name in ("full", "paper"):

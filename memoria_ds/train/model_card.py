@@ -1,0 +1,67 @@
+"""The model card (README.md) written into an export: what the model is, how it was trained
+and evaluated, and the numbers of that run, as the Hugging Face hub shows them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+
+def model_card(cfg: Any, step: int, results: list[Any], model_config: Any, lora_merged: bool | None) -> str:
+    """Markdown with a YAML header (`library_name`, `tags`, `datasets`, `base_model`).
+
+    Args:
+        cfg: the run's `RunConfig`. step: the step exported.
+        results: the final evaluation's `EvalResult`s (may be empty).
+        model_config: the exported model's config (`MemoriaGPT2Config` or a backbone config).
+        lora_merged: None without LoRA; True if merged into the backbone, False if the
+            adapter is beside it in `adapter/`.
+    """
+    m, d = cfg.model, cfg.data
+    memory = getattr(model_config, "memory_type", "none")
+    tags = ["memoria_ds", "gpt2", "memoria"] + ([m.preset] if m.preset != "memoria" else [])
+    header: dict[str, Any] = {"library_name": "transformers", "tags": tags}
+    if not m.from_scratch:
+        header["base_model"] = m.backbone
+    corpus = {"wikitext103": "Salesforce/wikitext", "pg19": "deepmind/pg19", "enwik8": "LTCB/enwik8"}.get(d.corpus)
+    if corpus:
+        header["datasets"] = [corpus]
+    lines = ["---", yaml.safe_dump(header, sort_keys=False).strip(), "---", "",
+             f"# {m.preset} GPT-2 ({'trained from scratch' if m.from_scratch else f'fine-tuned from `{m.backbone}`'})", ""]
+    lines += ["Trained with memoria_ds (Memoria: Park & Bak, ICML 2024): a GPT-2 whose "
+              "segments share a working, short-term and long-term memory of engrams." if memory == "memoria" else
+              f"Trained with memoria_ds as a baseline (memory type `{memory}`).", ""]
+    lines += ["## Load", "", "```python", "import memoria_ds.model  # registers the model type with the Auto classes",
+              "from transformers import AutoModelForCausalLM", "", 'model = AutoModelForCausalLM.from_pretrained("DIR")']
+    if lora_merged is False:
+        lines += ["from peft import PeftModel", 'model = PeftModel.from_pretrained(model, "DIR/adapter")']
+    lines += ["```", "", "Nothing in this directory is executable: weights are safetensors, settings JSON "
+              "(no `trust_remote_code`).", ""]
+    memoria = getattr(model_config, "memoria", None)
+    lines += ["## Model", "", f"- backbone: `{m.backbone}` ({'random init' if m.from_scratch else 'pretrained'}), "
+              f"{getattr(model_config, 'n_layer', '?')} layers, width {getattr(model_config, 'n_embd', '?')}",
+              f"- preset: `{m.preset}`; memory type `{memory}`"]
+    if memoria:
+        lines.append(f"- memory settings: `{json.dumps(memoria, sort_keys=True)}`")
+    if lora_merged is not None:
+        lines.append(f"- LoRA r={cfg.lora.r}: {'merged into the backbone' if lora_merged else 'adapter in adapter/'}")
+    lines += ["", "## Training", "",
+              f"- data: `{d.corpus}`{f' ({d.path})' if d.path else ''}, segments of {d.segment_length} tokens, "
+              f"memory reset `{d.reset}`",
+              f"- {step} optimiser steps, lr {cfg.optim.lr:g}, {cfg.optim.micro_batch_size * cfg.optim.grad_accum} "
+              f"streams per rank, precision `{cfg.optim.precision}`, seed {cfg.seed}", ""]
+    lines += ["## Evaluation", ""]
+    if not results:
+        lines += ["Not evaluated at the end of training (`eval.at_end=false`); "
+                  "`python launch/evaluate.py DIR` scores it.", ""]
+    else:
+        lines += ["| split | protocol | metric | scored tokens |", "|---|---|---|---|"]
+        for r in results:
+            metric = (f"accuracy {r.accuracy:.4f}" if r.accuracy is not None else
+                      f"bpc {r.bpc:.4f}" if r.bpc is not None else f"ppl {r.ppl:.3f}")
+            lines.append(f"| {r.split} | `{r.protocol.get('name', '?')}` | {metric} | {r.scored_tokens} |")
+        lines += ["", "`paper`: one stream, memory carried through the split, each segment's first token "
+                  "unscored (the authors' protocol); `full`: every token scored (memoria_ds docs/data.md).", ""]
+    return "\n".join(lines)
