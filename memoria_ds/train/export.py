@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..model.remote_code import add_remote_code
 from ..safe_io import load_tree
 from . import distributed as dist_utils
 from .build import build_run_model, unwrap
@@ -136,10 +137,12 @@ def export_hf(trainer: Trainer, step: int, results: list | None = None) -> Path 
                 model.load_state_dict(_strip_lora(state), strict=False)
         else:
             model = fresh
+        remote = add_remote_code(model, out_dir)  # loads with trust_remote_code=True, no import first
         model.save_pretrained(str(out_dir))  # transformers 5 writes safetensors only
         _save_tokenizer(trainer, out_dir)
         lora = trainer.cfg.checkpoint.merge_lora if trainer.cfg.lora.enabled else None
-        (out_dir / "README.md").write_text(model_card(trainer.cfg, step, list(results or []), model.config, lora))
+        (out_dir / "README.md").write_text(model_card(trainer.cfg, step, list(results or []), model.config, lora,
+                                                      remote_code=remote))
         trainer.log(f"exported step {step} to {out_dir} (safetensors)")
     dist_utils.barrier()
     return out_dir

@@ -9,7 +9,8 @@ from typing import Any
 import yaml
 
 
-def model_card(cfg: Any, step: int, results: list[Any], model_config: Any, lora_merged: bool | None) -> str:
+def model_card(cfg: Any, step: int, results: list[Any], model_config: Any, lora_merged: bool | None,
+               remote_code: bool = False) -> str:
     """Markdown with a YAML header (`library_name`, `tags`, `datasets`, `base_model`).
 
     Args:
@@ -18,6 +19,7 @@ def model_card(cfg: Any, step: int, results: list[Any], model_config: Any, lora_
         model_config: the exported model's config (`MemoriaGPT2Config` or a backbone config).
         lora_merged: None without LoRA; True if merged into the backbone, False if the
             adapter is beside it in `adapter/`.
+        remote_code: the export carries `auto_map` modules (`model/remote_code.py`).
     """
     m, d = cfg.model, cfg.data
     memory = getattr(model_config, "memory_type", "none")
@@ -37,8 +39,15 @@ def model_card(cfg: Any, step: int, results: list[Any], model_config: Any, lora_
               "from transformers import AutoModelForCausalLM", "", 'model = AutoModelForCausalLM.from_pretrained("DIR")']
     if lora_merged is False:
         lines += ["from peft import PeftModel", 'model = PeftModel.from_pretrained(model, "DIR/adapter")']
-    lines += ["```", "", "Nothing in this directory is executable: weights are safetensors, settings JSON "
-              "(no `trust_remote_code`).", ""]
+    lines += ["```", ""]
+    if remote_code:
+        lines += ["Or, without the import: `AutoModelForCausalLM.from_pretrained(\"DIR\", trust_remote_code=True)`. "
+                  "That runs the two one-line modules in this directory (`configuration_memoria_gpt2.py`, "
+                  "`modeling_memoria_gpt2.py`), which import the installed `memoria_ds` (pip install memoria_ds); "
+                  "they carry no model code. The weights are safetensors and the settings JSON: loading them runs "
+                  "nothing.", ""]
+    else:
+        lines += ["Nothing in this directory is executable: weights are safetensors, settings JSON.", ""]
     memoria = getattr(model_config, "memoria", None)
     lines += ["## Model", "", f"- backbone: `{m.backbone}` ({'random init' if m.from_scratch else 'pretrained'}), "
               f"{getattr(model_config, 'n_layer', '?')} layers, width {getattr(model_config, 'n_embd', '?')}",

@@ -41,6 +41,13 @@ def test_a_run_is_scored_as_its_training_scored_it_on_one_or_two_ranks(tmp_path)
     assert card.startswith("---\nlibrary_name: transformers") and "memory settings:" in card
     for name, r in trained.items():
         assert f"| validation | `{name}` | ppl {r.ppl:.3f} | {r.scored_tokens} |" in card
+    # a fresh process loads it with trust_remote_code=True, without importing memoria_ds first
+    code = ("import sys, torch; from transformers import AutoModelForCausalLM; "
+            f"m = AutoModelForCausalLM.from_pretrained({str(run / 'export')!r}, trust_remote_code=True); "
+            "print(type(m).__name__, m(input_ids=torch.zeros(1, 4, dtype=torch.long)).logits.shape[-1])")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, HF_HUB_OFFLINE="1"), cwd=tmp_path)
+    assert loaded.returncode == 0 and loaded.stdout.split()[-2:] == ["MemoriaGPT2LMHeadModel", "50257"], loaded.stderr
     proc = check(evaluate(str(run), "eval.protocols=[full, paper]", "eval.trace=true"))
     assert "eval validation [full]: ppl" in proc.stdout and "results:" in proc.stdout
     for name in ("full", "paper"):
