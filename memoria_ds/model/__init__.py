@@ -13,6 +13,7 @@ from .config import MEMORY_TYPES, PRESETS, MemoriaGPT2Config
 from .generation import MemoriaContext
 from .lora import apply_lora
 from .modeling import MemoriaCausalLMOutput, MemoriaGPT2LMHeadModel
+from .snapshot import Snapshot, SnapshotMismatch, load_snapshot, model_fingerprint, read, save_snapshot
 from .state import MemoriaMemory, NoMemory, RecurrentMemory, XLMemory, memory_from_state_dict
 
 __all__ = [
@@ -29,4 +30,10 @@ __all__ = [
     "NoMemory",
     "RecurrentMemory",
     "memory_from_state_dict",
+    "Snapshot",
+    "SnapshotMismatch",
+    "load_snapshot",
+    "model_fingerprint",
+    "read",
+    "save_snapshot",
 ]
