@@ -66,3 +66,15 @@ def test_another_models_snapshot_is_refused(tmp_path):
     assert model_fingerprint(_model().to(torch.bfloat16)) == model_fingerprint(model)
     with pytest.raises(ValueError, match="one distinct id per row"):
         save_snapshot(tmp_path / "t.safetensors", model, memory, stream_ids=[1, 2])
+
+
+def test_the_documented_example_runs(tmp_path, monkeypatch):
+    """The snapshot example in docs/model.md, extracted and run as it is."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "model.md").read_text()
+    start = text.index("```python\n# runs as it is (tests/model/test_snapshot.py")
+    code = text[start + len("```python\n"): text.index("```\n", start + 10)]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/model.md", "exec"), {"__name__": "__doc_example__"})
+    assert (tmp_path / "alice.memory.safetensors").is_file()
