@@ -258,15 +258,33 @@ class CheckpointSection:
 
 @dataclass
 class LogSection:
-    """Logging: a record every `every` optimiser steps (and at the end); TensorBoard; a progress bar."""
+    """Logging: a record every `every` optimiser steps (and at the end) to `metrics.jsonl`;
+    the same scalars to TensorBoard and, opt-in, to Weights & Biases; a progress bar.
+
+    Args:
+        wandb: also log to Weights & Biases (`pip install wandb`, or memoria_ds[wandb]). A
+            resumed run continues the same W&B run (its id is kept in `<run_dir>/wandb_id`).
+        wandb_project: the W&B project.
+        wandb_mode: `online`, `offline` (no network: sync later with `wandb sync`), or null
+            (W&B's own choice: `WANDB_MODE`, a login).
+    """
 
     every: int = 10
     tensorboard: bool = True
     progress: bool = True
+    wandb: bool = False
+    wandb_project: str = "memoria_ds"
+    wandb_mode: Literal["online", "offline"] | None = None
 
     def __post_init__(self) -> None:
         if self.every < 1:
             raise ValueError(f"`log.every` ({self.every}) must be at least 1")
+        if self.wandb:
+            import importlib.util
+
+            if importlib.util.find_spec("wandb") is None:
+                raise ValueError("`log.wandb=true` needs the wandb package: pip install wandb (or "
+                                 "memoria_ds[wandb]), or set log.wandb=false")
 
 
 @dataclass

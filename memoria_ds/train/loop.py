@@ -256,7 +256,9 @@ class Trainer:
             return self._already_done()
         writer = MetricsWriter(self.run_dir, enabled=info.is_main, total_steps=self.total_steps,
                                initial_step=self.start_step, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,
-                               resumed_at=self.start_step if self.resume_from is not None else None)
+                               resumed_at=self.start_step if self.resume_from is not None else None,
+                               wandb=({"project": cfg.log.wandb_project, "mode": cfg.log.wandb_mode,
+                                       "config": to_dict(cfg)} if cfg.log.wandb else None))
         policy = cfg.data.reset_policy
         window = _Window(self.device, track_first=cfg.optim.nan_policy == "stop")
         batches = iter(self.streams)

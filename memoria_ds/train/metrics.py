@@ -1,4 +1,4 @@
-"""Progress and metrics on rank 0: a tqdm bar, TensorBoard scalars, a JSONL file."""
+"""Progress and metrics on rank 0: a tqdm bar, a JSONL file, TensorBoard and (opt-in) W&B scalars."""
 
 from __future__ import annotations
 
@@ -14,13 +14,20 @@ from tqdm.auto import tqdm
 class MetricsWriter:
     """Writes one record per logging step to `<run_dir>/metrics.jsonl` (appending on resume,
     after dropping the records of steps past the checkpoint resumed from: they are re-run),
-    the same scalars to TensorBoard (`<run_dir>/tb`), and keeps a tqdm bar. Ranks other than
-    0 get a writer that does nothing."""
+    the same scalars to TensorBoard (`<run_dir>/tb`) and, if `wandb` is given, to Weights &
+    Biases (one run per run directory, continued on resume), and keeps a tqdm bar. Ranks
+    other than 0 get a writer that does nothing.
+
+    Args:
+        wandb: `{"project", "mode", "config"}` to log to W&B, or None.
+    """
 
     def __init__(self, run_dir: Path, *, enabled: bool, total_steps: int, initial_step: int,
-                 tensorboard: bool, progress: bool, resumed_at: int | None = None) -> None:
+                 tensorboard: bool, progress: bool, resumed_at: int | None = None,
+                 wandb: dict[str, Any] | None = None) -> None:
         self.enabled = enabled
         self._tb = None
+        self._wandb = None
         self._bar = None
         self._file = None
         if not enabled:
@@ -33,6 +40,8 @@ class MetricsWriter:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(Path(run_dir) / "tb"))
+        if wandb is not None:
+            self._wandb = _wandb_run(Path(run_dir), **wandb)
         if progress:
             self._bar = tqdm(total=total_steps, initial=initial_step, desc="train", dynamic_ncols=True, mininterval=1.0)
         self._t0 = time.time()
@@ -43,10 +52,13 @@ class MetricsWriter:
         record = {"kind": kind, "step": step, "time": round(time.time() - self._t0, 3)}
         record.update({k: _jsonable(v) for k, v in values.items()})
         self._file.write(json.dumps(record) + "\n")
+        scalars = {k if k.startswith("memory/") else f"{kind}/{k}": float(v) for k, v in values.items()
+                   if isinstance(v, (int, float)) and math.isfinite(float(v))}  # train/loss, eval_full/ppl, memory/ltm
         if self._tb is not None:
-            for k, v in values.items():
-                if isinstance(v, (int, float)) and math.isfinite(float(v)):
-                    self._tb.add_scalar(f"{kind}/{k}" if "/" not in k else k, float(v), step)
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
         if self._bar is not None and kind == "train":
             shown = {k: values[k] for k in ("loss", "ppl", "tok/s", "lr") if k in values}
             if "memory/ltm" in values:
@@ -71,8 +83,22 @@ class MetricsWriter:
             self._bar.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
         if self._file is not None:
             self._file.close()
+
+
+def _wandb_run(run_dir: Path, project: str, mode: str | None, config: dict[str, Any]):
+    """A W&B run for this run directory: the same one again on resume (its id is kept in
+    `<run_dir>/wandb_id`), its files under `<run_dir>/wandb`."""
+    import wandb
+
+    id_file = run_dir / "wandb_id"
+    run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+    id_file.write_text(run_id + "\n")
+    return wandb.init(project=project, dir=str(run_dir), name=run_dir.name, id=run_id, resume="allow",
+                      mode=mode, config=config)
 
 
 def drop_records_after(path: Path, step: int) -> int:
