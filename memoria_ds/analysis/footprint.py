@@ -102,7 +102,7 @@ def engram_bytes_per_row(config: MemoriaGPT2Config, segment_length: int) -> dict
         c = mem.capacity
         count = torch.tensor([], dtype=getattr(torch, mem.count_dtype)).element_size()
         return {"vectors": c * d * 4, "counts": c * c * count,
-                "slots": c * (4 + 1 + 4 + 8),  # sq_norms fp32, kind int8, lifespan fp32, uid int64
+                "slots": c * (4 + 8 + 1 + 4 + 8),  # sq_norms fp32, digest int64, kind int8, lifespan fp32, uid int64
                 "previous_segment": segment_length * (d * 4 + 1), "capacity": c}
     if config.memory_type == "xl":
         length = config.xl_memory_length or segment_length
