@@ -20,6 +20,7 @@ SCRIPT = textwrap.dedent(
     from transformers import GPT2Config
     from transformers.integrations import HfDeepSpeedConfig
     from memoria_ds.model import build_model
+    from memoria_ds.train.distributed import init_distributed
 
     torch.manual_seed(0)
     backbone = GPT2Config(vocab_size=257, n_positions=64, n_embd=64, n_layer=2, n_head=4, resid_pdrop=0.0,
@@ -29,7 +30,7 @@ SCRIPT = textwrap.dedent(
           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
           "optimizer": {"type": "Adam", "params": {"lr": 3e-3, "torch_adam": True}},
           "zero_allow_untested_optimizer": True}
-    deepspeed.init_distributed(dist_backend="gloo")
+    init_distributed()  # the toolkit's own start: gloo, without DeepSpeed's shm op (no compile, no file lock)
     keep = HfDeepSpeedConfig(ds)  # HF partitions while building and initialises gathered
     model = build_model(backbone, "memoria", memoria=memoria)
     partitioned = model.transformer.wte.weight.numel() == 0
