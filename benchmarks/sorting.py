@@ -1,0 +1,199 @@
+"""Does the memory help on the sorting task? A CPU-scale version of paper Tables 4 and 7.
+
+The sorting task (`memoria_ds.data.sorting`): a long stream of symbols from 20, whose
+frequencies drift from one distribution to another, then a separator, then the 20 symbols
+by descending count, teacher-forced. Only the last segment of an example holds the answer,
+so a model that sees nothing before its segment must guess the counts from the symbols of
+that segment; a memory can carry the earlier segments' counts to the answer.
+
+Every variant trains from scratch on the same generated examples with the same optimiser
+as `engine=torch` (AdamW on the toolkit's parameter groups, linear warm-up and decay,
+clipping), the way the training loop does it: each example's segments in order with the
+memory carried and reset at the example's first segment; segments without targets run
+forward only; one update per batch of examples. Then it scores the test split with the
+toolkit's `evaluate_sorting` (teacher-forced argmax accuracy over the 20 answer positions).
+
+Chance, for a model that only learns that the answer is a permutation (never repeat a
+symbol already given): the mean of 1 / (20 - k) over the answer positions k, 18.0%.
+`--oracle` prints what exact counting reaches when it sees only the last segment, the last
+two, ..., all of the input: the ceiling each variant's view allows.
+
+    python benchmarks/sorting.py                                  # the default comparison
+    python benchmarks/sorting.py --segments 4 --seeds 0 --variants transformer,memoria
+    python benchmarks/sorting.py --oracle --segments 4,8,16
+
+Variants are presets (`transformer`, `xl`, `memoria_wm`, `memoria_wm_stm`, `memoria`, ...)
+with optional `+key=value` model settings, as in `benchmarks/real_text.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import GPT2Config
+
+from memoria_ds.data.examples import ExampleStreams
+from memoria_ds.data.reset import ResetPolicy
+from memoria_ds.data.sorting import NUM_SYMBOLS, VOCAB_SIZE, generate_sorting, input_length_for, sorting_target
+from memoria_ds.eval.sorting import evaluate_sorting
+from memoria_ds.model import PRESETS, build_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from real_text import clip, optimiser, parse_variant  # noqa: E402  (the same optimiser and variant syntax)
+
+CHANCE = statistics.fmean(1.0 / (NUM_SYMBOLS - k) for k in range(NUM_SYMBOLS))
+
+
+def memory_sizes(segment: int) -> dict:
+    """The reproduction's rule (launch/repro/configs/sorting.yaml): N_wm L/8, K_stm L/4, K_ltm 5L/8, C_stm L/2."""
+    return {"num_wm": max(1, segment // 8), "num_stm_reminded": max(1, segment // 4),
+            "num_ltm_reminded": max(1, 5 * segment // 8), "stm_capacity": max(1, segment // 2),
+            "initial_lifespan": 5.0, "alpha": 8.0, "search_depth": 10}  # fmt: skip
+
+
+def make_model(spec: str, a: argparse.Namespace, seed: int) -> tuple[torch.nn.Module, dict]:
+    preset, settings, knobs = parse_variant(spec)
+    backbone = GPT2Config(vocab_size=VOCAB_SIZE, n_positions=2 * a.segment, n_layer=a.layers, n_embd=a.width,
+                          n_head=a.heads, resid_pdrop=a.dropout, embd_pdrop=a.dropout, attn_pdrop=a.dropout,
+                          bos_token_id=0, eos_token_id=0)  # fmt: skip
+    if PRESETS[preset]["memory_type"] == "memoria":
+        settings["memoria"] = {**memory_sizes(a.segment), **settings.get("memoria", {})}
+    torch.manual_seed(seed)  # every preset draws the same backbone for one seed
+    return build_model(backbone, preset, **settings), knobs
+
+
+def train(spec: str, seed: int, a: argparse.Namespace, data) -> tuple[torch.nn.Module, list[float]]:
+    streams = ExampleStreams(data, batch_size=a.batch, segment_length=a.segment, shuffle=True, seed=seed,
+                             drop_last=True)  # fmt: skip
+    a.steps = a.epochs * streams.num_batches * len(streams.scored_segments)  # updates, for the LR schedule
+    model, knobs = make_model(spec, a, seed)
+    model.train()
+    opt, sched = optimiser(model, a, knobs)
+    policy = ResetPolicy(at_document_start=True)
+    memory, losses = None, []
+    for epoch in range(a.epochs):
+        for step in range(streams.steps_per_epoch):
+            batch = streams.batch_at(epoch, step)
+            update = streams.has_targets(step)
+            with torch.set_grad_enabled(update):
+                out = model(batch.input_ids, shift_labels=batch.targets if update else None, memory=memory,
+                            reset=policy.reset_mask(batch))  # fmt: skip
+            memory = out.memory
+            if not update:
+                continue
+            out.loss.backward()
+            if a.grad_clip:
+                clip(opt, knobs, a.grad_clip)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(out.loss.item())
+    return model, losses
+
+
+def oracle(test, segment: int) -> list[float]:
+    """Accuracy of exact counting over the last 1, 2, ..., K segments of the input (teacher-forced)."""
+    first = np.asarray(test[0]["symbols"])
+    k_segments = (len(first) + NUM_SYMBOLS + segment - 1) // segment
+    out = []
+    for k in range(1, k_segments + 1):
+        start = max(0, k_segments * segment - k * segment)
+        correct = 0
+        for row in test:
+            symbols, target = np.asarray(row["symbols"], np.int64), np.asarray(row["target"], np.int64)
+            guess = sorting_target(symbols[start:])  # the answer the visible symbols give
+            # teacher forcing: at answer position j the model knows target[:j]; it names the
+            # first symbol of its own ranking not yet given
+            given = set()
+            for j in range(NUM_SYMBOLS):
+                pick = next(s for s in guess if s not in given)
+                correct += int(pick == target[j])
+                given.add(int(target[j]))
+        out.append(correct / (len(test) * NUM_SYMBOLS))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", default="transformer,xl,memoria_wm,memoria_wm_stm,memoria")
+    p.add_argument("--segments", default="4,8,16", help="segments per example (the paper's 4K .. 32K at L=1024)")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--segment", type=int, default=32, help="segment length L")
+    p.add_argument("--train-examples", type=int, default=16000)
+    p.add_argument("--test-examples", type=int, default=500)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--dropout", type=float, default=0.0, help="GPT-2's three dropouts (its default is 0.1)")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--data-seed", type=int, default=0)
+    p.add_argument("--oracle", action="store_true", help="only print the counting oracle's accuracy")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", default=None)
+    p.add_argument("--table", nargs="+", default=None, metavar="JSON", help="only print the table of earlier --json files")
+    a = p.parse_args()
+    if a.table:
+        print_table([r for f in a.table for r in json.loads(Path(f).read_text())["results"]])
+        return
+    torch.set_num_threads(a.threads)
+
+    results = []
+    for k in [int(s) for s in a.segments.split(",")]:
+        length = input_length_for(k, a.segment)
+        train_ds = generate_sorting(a.train_examples, length, seed=a.data_seed, split="train")
+        test_ds = generate_sorting(a.test_examples, length, seed=a.data_seed, split="test")
+        seen = oracle(test_ds, a.segment)
+        print(f"{k} segments of {a.segment} ({length} input symbols): chance {CHANCE:.1%}; exact counting over the "
+              f"last 1..{k} segments: " + " ".join(f"{x:.1%}" for x in seen), flush=True)  # fmt: skip
+        if a.oracle:
+            continue
+        for spec in a.variants.split(","):
+            for seed in [int(s) for s in a.seeds.split(",")]:
+                t0 = time.perf_counter()
+                model, losses = train(spec, seed, a, train_ds)
+                train_s = time.perf_counter() - t0
+                r = evaluate_sorting(model, test_ds, segment_length=a.segment, batch_size=a.batch, progress=False)
+                rec = dict(segments=k, variant=spec, seed=seed, accuracy=r.accuracy, answer_nll=r.nll,
+                           train_loss_last=statistics.fmean(losses[-max(1, len(losses) // 10):]),
+                           updates=len(losses), train_s=train_s, oracle=seen)  # fmt: skip
+                results.append(rec)
+                print(f"  {spec:<28} seed {seed}  accuracy {r.accuracy:.1%}  answer nll {r.nll:.3f}  "
+                      f"train loss {rec['train_loss_last']:.3f}  ({len(losses)} updates, {train_s:.0f}s)", flush=True)
+    if a.oracle:
+        return
+    if a.json:
+        Path(a.json).write_text(json.dumps({"args": vars(a), "chance": CHANCE, "results": results}, indent=2))
+    print_table(results)
+
+
+def print_table(results: list[dict]) -> None:
+    """Accuracy and answer NLL per variant and segment count: mean ± half-range over seeds."""
+    ks = sorted({r["segments"] for r in results})
+    variants = list(dict.fromkeys(r["variant"] for r in results))
+    print(f"\naccuracy / answer NLL, mean ± half-range over seeds (chance {CHANCE:.1%})")
+    print(f"{'variant':<24}" + "".join(f"{f'{k} segments':>34}" for k in ks))
+    for spec in variants:
+        cells = []
+        for k in ks:
+            rs = [r for r in results if r["variant"] == spec and r["segments"] == k]
+            if not rs:
+                cells.append("-")
+                continue
+            acc, nll = [r["accuracy"] for r in rs], [r["answer_nll"] for r in rs]
+            cells.append(f"{statistics.fmean(acc):.1%} ± {(max(acc) - min(acc)) / 2:.1%} / "
+                         f"{statistics.fmean(nll):.3f} ± {(max(nll) - min(nll)) / 2:.3f} (n={len(rs)})")  # fmt: skip
+        print(f"{spec:<24}" + "".join(f"{c:>34}" for c in cells))
+
+if __name__ == "__main__":
+    main()
