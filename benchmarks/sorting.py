@@ -18,9 +18,14 @@ symbol already given): the mean of 1 / (20 - k) over the answer positions k, 18.
 `--oracle` prints what exact counting reaches when it sees only the last segment, the last
 two, ..., all of the input: the ceiling each variant's view allows.
 
-    python benchmarks/sorting.py                                  # the default comparison
+    python benchmarks/sorting.py --segments 4                     # 5 variants x 3 seeds, 2 runs at a time
     python benchmarks/sorting.py --segments 4 --seeds 0 --variants transformer,memoria
-    python benchmarks/sorting.py --oracle --segments 4,8,16
+    python benchmarks/sorting.py --oracle --segments 4,8,16       # the ceilings only, seconds
+    python benchmarks/sorting.py --table a.json b.json            # one table from earlier --json files
+
+Cost on a 2-core CPU (two runs at a time, one thread each), 6,000 updates at 4 segments:
+about 6 min (`transformer`), 7 (`xl`), 10 (`memoria_wm`), 15 (`memoria`) per run; 8 and 16
+segments cost about 1.6x and 3x that. docs/reproduction.md has the results.
 
 Variants are presets (`transformer`, `xl`, `memoria_wm`, `memoria_wm_stm`, `memoria`, ...)
 with optional `+key=value` model settings, as in `benchmarks/real_text.py`.
@@ -30,9 +35,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +127,27 @@ def oracle(test, segment: int) -> list[float]:
     return out
 
 
+def run_one(a: argparse.Namespace, k: int, spec: str, seed: int, seen: list[float]) -> dict:
+    """Train one variant on k-segment examples and score the test split."""
+    torch.set_num_threads(a.threads)
+    length = input_length_for(k, a.segment)
+    train_ds = generate_sorting(a.train_examples, length, seed=a.data_seed, split="train")
+    test_ds = generate_sorting(a.test_examples, length, seed=a.data_seed, split="test")
+    t0 = time.perf_counter()
+    model, losses = train(spec, seed, a, train_ds)
+    train_s = time.perf_counter() - t0
+    r = evaluate_sorting(model, test_ds, segment_length=a.segment, batch_size=a.batch, progress=False)
+    return dict(segments=k, variant=spec, seed=seed, accuracy=r.accuracy, answer_nll=r.nll,
+                train_loss_last=statistics.fmean(losses[-max(1, len(losses) // 10):]), updates=len(losses),
+                train_s=train_s, oracle=seen)  # fmt: skip
+
+
+def report(r: dict) -> None:
+    print(f"  {r['segments']:>2} segments  {r['variant']:<28} seed {r['seed']}  accuracy {r['accuracy']:.1%}  answer nll "
+          f"{r['answer_nll']:.3f}  train loss {r['train_loss_last']:.3f}  ({r['updates']} updates, {r['train_s']:.0f}s)",
+          flush=True)  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", default="transformer,xl,memoria_wm,memoria_wm_stm,memoria")
@@ -128,7 +156,7 @@ def main() -> None:
     p.add_argument("--segment", type=int, default=32, help="segment length L")
     p.add_argument("--train-examples", type=int, default=16000)
     p.add_argument("--test-examples", type=int, default=500)
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--width", type=int, default=128)
@@ -139,39 +167,36 @@ def main() -> None:
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--data-seed", type=int, default=0)
     p.add_argument("--oracle", action="store_true", help="only print the counting oracle's accuracy")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    p.add_argument("--jobs", type=int, default=2, help="runs at once, one process each (2 on a 2-core machine)")
     p.add_argument("--json", default=None)
     p.add_argument("--table", nargs="+", default=None, metavar="JSON", help="only print the table of earlier --json files")
     a = p.parse_args()
     if a.table:
         print_table([r for f in a.table for r in json.loads(Path(f).read_text())["results"]])
         return
-    torch.set_num_threads(a.threads)
-
-    results = []
+    runs = []
     for k in [int(s) for s in a.segments.split(",")]:
         length = input_length_for(k, a.segment)
-        train_ds = generate_sorting(a.train_examples, length, seed=a.data_seed, split="train")
-        test_ds = generate_sorting(a.test_examples, length, seed=a.data_seed, split="test")
-        seen = oracle(test_ds, a.segment)
+        generate_sorting(a.train_examples, length, seed=a.data_seed, split="train")  # cached for the workers
+        seen = oracle(generate_sorting(a.test_examples, length, seed=a.data_seed, split="test"), a.segment)
         print(f"{k} segments of {a.segment} ({length} input symbols): chance {CHANCE:.1%}; exact counting over the "
               f"last 1..{k} segments: " + " ".join(f"{x:.1%}" for x in seen), flush=True)  # fmt: skip
-        if a.oracle:
-            continue
-        for spec in a.variants.split(","):
-            for seed in [int(s) for s in a.seeds.split(",")]:
-                t0 = time.perf_counter()
-                model, losses = train(spec, seed, a, train_ds)
-                train_s = time.perf_counter() - t0
-                r = evaluate_sorting(model, test_ds, segment_length=a.segment, batch_size=a.batch, progress=False)
-                rec = dict(segments=k, variant=spec, seed=seed, accuracy=r.accuracy, answer_nll=r.nll,
-                           train_loss_last=statistics.fmean(losses[-max(1, len(losses) // 10):]),
-                           updates=len(losses), train_s=train_s, oracle=seen)  # fmt: skip
-                results.append(rec)
-                print(f"  {spec:<28} seed {seed}  accuracy {r.accuracy:.1%}  answer nll {r.nll:.3f}  "
-                      f"train loss {rec['train_loss_last']:.3f}  ({len(losses)} updates, {train_s:.0f}s)", flush=True)
+        runs += [(k, spec, int(seed), seen) for spec in a.variants.split(",") for seed in a.seeds.split(",")]
     if a.oracle:
         return
+    results = []
+    if a.jobs > 1:  # one run per process, each on --threads threads
+        with ProcessPoolExecutor(a.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for rec in (f.result() for f in as_completed([pool.submit(run_one, a, *run) for run in runs])):
+                results.append(rec)
+                report(rec)
+        order = {run[:3]: i for i, run in enumerate(runs)}
+        results.sort(key=lambda r: order[r["segments"], r["variant"], r["seed"]])
+    else:
+        for run in runs:
+            results.append(run_one(a, *run))
+            report(results[-1])
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "chance": CHANCE, "results": results}, indent=2))
     print_table(results)
@@ -182,7 +207,7 @@ def print_table(results: list[dict]) -> None:
     ks = sorted({r["segments"] for r in results})
     variants = list(dict.fromkeys(r["variant"] for r in results))
     print(f"\naccuracy / answer NLL, mean ± half-range over seeds (chance {CHANCE:.1%})")
-    print(f"{'variant':<24}" + "".join(f"{f'{k} segments':>34}" for k in ks))
+    print(f"{'variant':<24}" + "".join(f"{f'{k} segments':>40}" for k in ks))
     for spec in variants:
         cells = []
         for k in ks:
@@ -193,7 +218,7 @@ def print_table(results: list[dict]) -> None:
             acc, nll = [r["accuracy"] for r in rs], [r["answer_nll"] for r in rs]
             cells.append(f"{statistics.fmean(acc):.1%} ± {(max(acc) - min(acc)) / 2:.1%} / "
                          f"{statistics.fmean(nll):.3f} ± {(max(nll) - min(nll)) / 2:.3f} (n={len(rs)})")  # fmt: skip
-        print(f"{spec:<24}" + "".join(f"{c:>34}" for c in cells))
+        print(f"{spec:<24}" + "".join(f"{c:>40}" for c in cells))
 
 if __name__ == "__main__":
     main()

@@ -68,7 +68,7 @@ def test_the_benchmark_runs_and_its_table_reads_back(tmp_path):
     out = tmp_path / "r.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "sorting.py"), "--segments", "2", "--segment", "16",
            "--variants", "transformer,memoria_wm", "--seeds", "0", "--train-examples", "16", "--test-examples", "8",
-           "--batch", "4", "--layers", "1", "--width", "16", "--heads", "2", "--threads", "1", "--json", str(out)]
+           "--batch", "4", "--epochs", "1", "--layers", "1", "--width", "16", "--heads", "2", "--threads", "1", "--json", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads(out.read_text())["results"]
