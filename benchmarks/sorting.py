@@ -72,6 +72,7 @@ def make_model(spec: str, a: argparse.Namespace, seed: int) -> tuple[torch.nn.Mo
                           bos_token_id=0, eos_token_id=0)  # fmt: skip
     if PRESETS[preset]["memory_type"] == "memoria":
         settings["memoria"] = {**memory_sizes(a.segment), **settings.get("memoria", {})}
+        settings.setdefault("memory_inner_dim_ratio", a.memory_width)  # the reproduction's, unless the variant says
     torch.manual_seed(seed)  # every preset draws the same backbone for one seed
     return build_model(backbone, preset, **settings), knobs
 
@@ -161,6 +162,9 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--memory-width", type=float, default=1.0,
+                   help="Memoria's memory-attention width / n_embd (1.0: the authors', as the reproduction config; "
+                        "the package default is 1/8, which leaves 4 dimensions per head at this width)")
     p.add_argument("--dropout", type=float, default=0.0, help="GPT-2's three dropouts (its default is 0.1)")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--weight-decay", type=float, default=0.0)
