@@ -147,6 +147,17 @@ def clip(opt, knobs, max_norm: float) -> float:
     return norms[0]
 
 
+def update(loss: torch.Tensor, opt, sched, knobs: dict, grad_clip: float) -> float:
+    """One optimiser step on `loss` (backward, clipping, step, schedule); returns the loss."""
+    loss.backward()
+    if grad_clip:
+        clip(opt, knobs, grad_clip)
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()
+
+
 def train(spec: str, seed: int, a, corpus: TokenCorpus) -> tuple[torch.nn.Module, list[float]]:
     model, knobs = make_model(spec, a, seed)
     model.train()
@@ -163,13 +174,7 @@ def train(spec: str, seed: int, a, corpus: TokenCorpus) -> tuple[torch.nn.Module
             batch = next(batches)
         out = model(batch.input_ids, shift_labels=batch.targets, memory=memory, reset=policy.reset_mask(batch, step))
         memory = out.memory
-        out.loss.backward()
-        if a.grad_clip:
-            clip(opt, knobs, a.grad_clip)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(out.loss.item())
+        losses.append(update(out.loss, opt, sched, knobs, a.grad_clip))
     return model, losses
 
 

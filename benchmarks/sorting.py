@@ -53,7 +53,7 @@ from memoria_ds.eval.sorting import evaluate_sorting
 from memoria_ds.model import PRESETS, build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_text import clip, optimiser, parse_variant  # noqa: E402  (the same optimiser and variant syntax)
+from real_text import optimiser, parse_variant, update  # noqa: E402  (the same optimiser and variant syntax)
 
 CHANCE = statistics.fmean(1.0 / (NUM_SYMBOLS - k) for k in range(NUM_SYMBOLS))
 
@@ -89,20 +89,13 @@ def train(spec: str, seed: int, a: argparse.Namespace, data) -> tuple[torch.nn.M
     for epoch in range(a.epochs):
         for step in range(streams.steps_per_epoch):
             batch = streams.batch_at(epoch, step)
-            update = streams.has_targets(step)
-            with torch.set_grad_enabled(update):
-                out = model(batch.input_ids, shift_labels=batch.targets if update else None, memory=memory,
+            scored = streams.has_targets(step)  # the other segments run forward only, to write the memory
+            with torch.set_grad_enabled(scored):
+                out = model(batch.input_ids, shift_labels=batch.targets if scored else None, memory=memory,
                             reset=policy.reset_mask(batch))  # fmt: skip
             memory = out.memory
-            if not update:
-                continue
-            out.loss.backward()
-            if a.grad_clip:
-                clip(opt, knobs, a.grad_clip)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(out.loss.item())
+            if scored:
+                losses.append(update(out.loss, opt, sched, knobs, a.grad_clip))
     return model, losses
 
 
