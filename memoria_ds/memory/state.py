@@ -24,11 +24,12 @@ score (the batched matmul need not compute the same bits for a vector in two col
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from ..rows import BatchRows, rows_field
 from .config import MemoriaConfig
 
 EMPTY, WM, STM, LTM = 0, 1, 2, 3
@@ -65,8 +66,10 @@ def vector_digest(vectors: Tensor) -> Tensor:
 
 
 @dataclass
-class MemoryState:
+class MemoryState(BatchRows):
     """The memory of B rows. All tensors live on one device; engram data are fp32.
+
+    Row operations (`take_rows`, `put_rows`, `to`, `clone`, `cat`) come from `BatchRows`.
 
     Attributes:
         vectors: (B, C, D) float32 engram vectors (detached copies; no gradient).
@@ -91,7 +94,7 @@ class MemoryState:
     evictions: Tensor
     # Scratch buffers reused by the step functions (never serialised, copied or compared):
     # a fresh multi-MB temporary per step costs page faults that dominate small steps on CPU.
-    scratch: dict = field(default_factory=dict, repr=False, compare=False)
+    scratch: dict = rows_field(rows=False, default_factory=dict, repr=False, compare=False)
 
     def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
         """A reusable uninitialised scratch tensor (contents undefined on return)."""
@@ -167,39 +170,6 @@ class MemoryState:
                 raise ValueError(f"memory state field `{name}` has shape {tuple(t.shape)}, expected {shapes.get(name, (B, C))}")
             if t.device != self.device:
                 raise ValueError(f"memory state field `{name}` is on {t.device}, the rest on {self.device}")
-
-    # ----------------------------------------------------------------- copies, devices, rows
-    def clone(self) -> MemoryState:
-        return MemoryState(**{k: v.clone() for k, v in self.tensors().items()})
-
-    def to(self, device: torch.device | str) -> MemoryState:
-        """The same memory on `device` (fp32 is kept: the memory is never cast)."""
-        return MemoryState(**{k: v.to(device) for k, v in self.tensors().items()})
-
-    def take_rows(self, rows: Tensor | list[int]) -> MemoryState:
-        """A new state holding copies of `rows` (e.g. the streams moving to another rank)."""
-        idx = torch.as_tensor(rows, dtype=torch.long, device=self.device)
-        return MemoryState(**{k: v.index_select(0, idx) for k, v in self.tensors().items()})
-
-    def put_rows(self, rows: Tensor | list[int], source: MemoryState) -> None:
-        """Overwrite `rows` of this state with the rows of `source`, in order, in place."""
-        idx = torch.as_tensor(rows, dtype=torch.long, device=self.device)
-        if source.capacity != self.capacity or source.dim != self.dim:
-            raise ValueError(
-                f"cannot put rows of capacity {source.capacity} / dim {source.dim} into a state of "
-                f"capacity {self.capacity} / dim {self.dim}"
-            )
-        if source.batch_size != idx.numel():
-            raise ValueError(f"{idx.numel()} row indices for a source of {source.batch_size} rows")
-        for name, t in self.tensors().items():
-            t.index_copy_(0, idx, getattr(source, name).to(t.device))
-
-    @staticmethod
-    def cat(states: list[MemoryState]) -> MemoryState:
-        """Stack the rows of several states (same capacity and width) into one."""
-        if not states:
-            raise ValueError("need at least one state to concatenate")
-        return MemoryState(**{name: torch.cat([getattr(s, name) for s in states]) for name in _FIELDS})
 
     # ----------------------------------------------------------------- reset
     def reset(self, mask: Tensor | None = None) -> None:

@@ -10,17 +10,31 @@ See docs/model.md. Importing this package registers the model with the Auto clas
 
 from .build import build_model
 from .config import MEMORY_TYPES, PRESETS, MemoriaGPT2Config
-from .generation import MemoriaContext
 from .lora import apply_lora
 from .modeling import MemoriaCausalLMOutput, MemoriaGPT2LMHeadModel
 from .snapshot import Snapshot, SnapshotMismatch, load_snapshot, model_fingerprint, read, save_snapshot
-from .state import MemoriaMemory, NoMemory, RecurrentMemory, XLMemory, memory_from_state_dict
+from .recurrent import (
+    KINDS,
+    MemoriaMemory,
+    MemoriaRead,
+    MemoryKind,
+    MemoryRead,
+    NoMemory,
+    RecurrentMemory,
+    XLMemory,
+    XLRead,
+    memory_from_state_dict,
+)
 
 __all__ = [
     "MemoriaGPT2Config",
     "MemoriaGPT2LMHeadModel",
     "MemoriaCausalLMOutput",
-    "MemoriaContext",
+    "MemoryRead",
+    "MemoriaRead",
+    "XLRead",
+    "MemoryKind",
+    "KINDS",
     "build_model",
     "apply_lora",
     "PRESETS",

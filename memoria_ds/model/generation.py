@@ -10,61 +10,38 @@ keys/values. The generated segment is not memorized; `len(rest) + max_new_tokens
 fit in the positions of a segment (GPT-2's `n_positions`; half of them for `xl` with
 alternating positions).
 
-Notation: B rows, N working-memory engrams, R reminded slots, D width.
+Notation: B rows.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 from transformers.generation import GenerationMixin
 
-from .state import MemoriaMemory, RecurrentMemory, XLMemory
-
-
-@dataclass
-class MemoriaContext:
-    """A frozen read of the memory for decoding: what the current segment attends to.
-
-    Attributes: `wm` (B, N, D), `wm_active` (B,), `reminded` (B, R, D), `reminded_mask`
-    (B, R), `reminded_active` (B,), in the compute dtype (masks bool).
-    """
-
-    wm: Tensor
-    wm_active: Tensor
-    reminded: Tensor
-    reminded_mask: Tensor
-    reminded_active: Tensor
-
-    @property
-    def batch_size(self) -> int:
-        return self.wm.shape[0]
-
-    def take_rows(self, rows: Tensor | list[int]) -> MemoriaContext:
-        idx = torch.as_tensor(rows, dtype=torch.long, device=self.wm.device)
-        return MemoriaContext(*(t.index_select(0, idx) for t in dataclasses.astuple(self)))
+from .recurrent import MemoryRead, RecurrentMemory
 
 
 class MemoryGenerationMixin(GenerationMixin):
     """HF's `GenerationMixin` plus the memory: mixed into `MemoriaGPT2LMHeadModel`."""
 
     @torch.no_grad()
-    def memory_context(self, memory: RecurrentMemory | None, batch_size: int, device: torch.device | str | None = None):
+    def memory_context(
+        self, memory: RecurrentMemory | None, batch_size: int, device: torch.device | str | None = None
+    ) -> MemoryRead:
         """What a segment decoded after `memory` attends to, without changing `memory`.
 
-        Returns a `MemoriaContext` (the working memory from the last segment and the
-        engrams it reminds, read from a copy of the state), the `XLMemory` itself, or None.
+        The memory kind's frozen read (`recurrent/`): for Memoria the working memory from
+        the last segment and the engrams it reminds (read from a copy of the state), for
+        `xl` the cached keys/values, for `none` nothing.
         """
         device = torch.device(device) if device is not None else self.transformer.wte.weight.device
-        memory = self._prepare_memory(memory, batch_size, device, None)
-        if isinstance(memory, MemoriaMemory):
-            probe = MemoriaMemory(memory.prev_hidden, memory.prev_mask, memory.state.clone())
-            return self._read_memory(probe, self.dtype)[0]
-        return memory if isinstance(memory, XLMemory) else None
+        dtype = self.transformer.wte.weight.dtype
+        kind = self.memory_kind
+        memory = kind.prepare(memory, batch_size, device, dtype, None)
+        return kind.frozen_read(memory, dtype, self.abstractor)
 
     @torch.no_grad()
     def generate(
@@ -105,7 +82,7 @@ class MemoryGenerationMixin(GenerationMixin):
                 )
             S = T
         n_full = (T - 1) // S  # complete segments before the one decoding continues
-        if self.config.memory_type == "none":
+        if not self.memory_kind.carries_state:
             memory = None  # the prefix has no effect on the plain backbone: skip computing it
         else:
             for t in range(n_full):
@@ -136,10 +113,10 @@ class MemoryGenerationMixin(GenerationMixin):
             expand_size, is_encoder_decoder, input_ids, **model_kwargs
         )
         if context is not None and expand_size > 1:
-            rows = torch.arange(context.batch_size).repeat_interleave(expand_size)
+            rows = torch.arange(input_ids.shape[0] // expand_size).repeat_interleave(expand_size)
             context = context.take_rows(rows)
         model_kwargs["memory_context"] = context
         return input_ids, model_kwargs
 
 
-__all__ = ["MemoriaContext", "MemoryGenerationMixin"]
+__all__ = ["MemoryGenerationMixin"]

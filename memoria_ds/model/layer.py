@@ -29,7 +29,7 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
 from .config import MemoriaGPT2Config
 from .memory_attention import MemoryAttention, MemoryInputs
-from .xl import ExtendedKeyValues
+from .extended_attention import ExtendedKeyValues
 
 
 @dataclass
@@ -37,7 +37,7 @@ class BlockInputs:
     """What every block reads in one forward.
 
     Attributes:
-        attention_mask: the self-attention mask (`xl.self_attention_mask`), None for SDPA's causal path.
+        attention_mask: the self-attention mask (`extended_attention.self_attention_mask`), None for SDPA's causal path.
         memory: Memoria's per-forward inputs, or None.
         cache: HF decode cache of the current segment (generation), or None.
         collect_kv: return this segment's keys/values (Transformer-XL builds its next memory from them).

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..safe_io import load_tree, save_tree
-from .state import RecurrentMemory, memory_from_state_dict
+from .recurrent import RecurrentMemory, memory_from_state_dict
 
 SNAPSHOT_KIND = "memoria_ds.memory_snapshot"
 FORMAT = 1

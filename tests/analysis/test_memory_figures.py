@@ -87,7 +87,7 @@ def test_memoria_config_of_a_run_follows_the_preset():
 
 
 def test_checkpoint_shard_is_read_with_its_manifest(tmp_path, snapshot):
-    from memoria_ds.model.state import MemoriaMemory
+    from memoria_ds.model import MemoriaMemory
 
     memory = MemoriaMemory(prev_hidden=torch.zeros(1, 3, 4), prev_mask=torch.ones(1, 3, dtype=torch.bool),
                            state=snapshot.state)

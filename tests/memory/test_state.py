@@ -190,7 +190,7 @@ def test_put_rows_checks_shapes():
     state = MemoryState.empty(CFG, 3, DIM)
     with pytest.raises(ValueError, match="row indices"):
         state.put_rows([0, 1], MemoryState.empty(CFG, 3, DIM))
-    with pytest.raises(ValueError, match="dim"):
+    with pytest.raises(ValueError, match="cannot put rows of `vectors`"):
         state.put_rows([0], MemoryState.empty(CFG, 1, DIM + 1))
     with pytest.raises(ValueError, match="at least one"):
         MemoryState.cat([])

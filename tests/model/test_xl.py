@@ -146,7 +146,7 @@ def test_alternating_positions_need_segments_in_half_the_positions(backbone_conf
 
 
 def test_segment_counts_survive_row_operations_and_state_dicts(make_model):
-    from memoria_ds.model.state import XLMemory
+    from memoria_ds.model import XLMemory
 
     model = make_model("xl")
     _, memory = run_stream(model, segments(count=3))

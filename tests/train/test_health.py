@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from memoria_ds.memory.config import MemoriaConfig
-from memoria_ds.model.state import MemoriaMemory, XLMemory
+from memoria_ds.model import MemoriaMemory, XLMemory
 from memoria_ds.train.health import (
     DivergedState,
     check_before_save,

@@ -1,30 +1,14 @@
-"""Transformer-XL-style recurrence for an unmodified GPT-2, and the self-attention masks.
+"""Cached keys/values and memory slots inside HF's unmodified GPT-2 self-attention.
 
-Each segment's self-attention also attends to the cached (detached) keys/values of the
-last M tokens of the stream, per layer (Dai et al. 2019, without their relative
-positions: GPT-2's are absolute and learned).
-
-Positions (`MemoriaGPT2Config.xl_positions`). Cached keys/values keep the positions they
-were computed at; no absolute scheme can re-position them without recomputing them. With
-`"shared"` every segment uses 0..L-1, so a cached key and a current key of the same place
-carry the same position, so a head that seeks a position cannot tell the cached token from
-the current one (tested; the measured effect on books is in docs/model.md). With
-`"alternate"` (the `xl` preset) segments since a
-reset alternate between the banks 0..L-1 and S..S+L-1 (S = n_positions // 2), so the
-cached previous segment always has other positions than the current one; the model adds
-the bank offset to the positions it embeds, from `XLMemory.segments`. Either way the first
-segment after a reset is exactly the backbone and any number of segments runs. Like
-Transformer-XL, the receptive field grows with depth: the keys cached at layer l depended
-on the memory of the segment before, so segment t can depend on up to `n_layer` earlier
-segments when M = L.
-
-The cached keys/values reach `GPT2Attention` through its `past_key_values` argument:
-`ExtendedKeyValues` stands in for a HF `Cache` (GPT-2 only calls its `update`), prepends
-the memory and, during `generate()`, goes through the real decode cache. The HF attention
-code (eager or SDPA) runs unchanged.
+`ExtendedKeyValues` stands in for a HF `Cache` in one `GPT2Attention` call (GPT-2 only
+calls its `update`): it prepends a layer's cached keys/values (Transformer-XL's memory,
+`recurrent/xl.py`), goes through the real decode cache during `generate()`, and keeps this
+segment's keys/values for the memory's write. `self_attention_mask` builds the mask over
+[cached slots, decode cache, current tokens]. The HF attention code (eager or SDPA) runs
+unchanged.
 
 Notation: B rows, Q query tokens, P tokens already in a decode cache, M memory slots,
-H heads, hd head width, Y layers.
+H heads, hd head width.
 """
 
 from __future__ import annotations
@@ -106,32 +90,4 @@ def self_attention_mask(
     return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
-def roll_memory(
-    memory: Tensor | None, memory_mask: Tensor | None, current: Tensor, current_mask: Tensor, length: int
-) -> tuple[Tensor, Tensor]:
-    """The next memory of one layer: the last `length` of [memory, current], detached.
-
-    Args:
-        memory: (B, H, M, hd) or None. memory_mask: (B, M) or None.
-        current: (B, H, Q, hd) this segment's keys (or values). current_mask: (B, Q) bool.
-        length: slots to keep; fewer available are padded at the old end as empty.
-
-    Returns:
-        (B, H, length, hd) detached tensor and its (B, length) bool mask.
-    """
-    current = current.detach()
-    if memory is not None and memory.shape[2]:
-        full = torch.cat([memory.to(current.dtype), current], dim=2)
-        full_mask = torch.cat([memory_mask, current_mask], dim=1)
-    else:
-        full, full_mask = current, current_mask
-    if full.shape[2] >= length:
-        return full[:, :, -length:], full_mask[:, -length:]
-    missing = length - full.shape[2]
-    B, H, _, hd = full.shape
-    full = torch.cat([full.new_zeros(B, H, missing, hd), full], dim=2)
-    full_mask = torch.cat([full_mask.new_zeros(B, missing), full_mask], dim=1)
-    return full, full_mask
-
-
-__all__ = ["ExtendedKeyValues", "self_attention_mask", "roll_memory"]
+__all__ = ["ExtendedKeyValues", "self_attention_mask"]

@@ -1,0 +1,176 @@
+"""The recurrent-memory protocol: what a kind of memory does around the backbone's blocks.
+
+One forward of the model is one memory step, the same for every kind:
+
+    memory = kind.prepare(memory, B, device, reset)        # fresh if None; checked; rows reset
+    read, pending = kind.read(memory, dtype, abstractor)   # what the blocks attend to
+    hidden = blocks(embed(ids, read.positions(...)), read) # self-attention (+ read.layer_kv),
+                                                           # memory attention (+ read.engrams)
+    stats = kind.write(memory, read, pending, writes, hidden, valid)   # after the blocks
+
+`read` is a `MemoryRead`: the per-forward view of the memory that the blocks need, and
+nothing else. Decoding inside `generate()` attends to a *frozen* read
+(`kind.frozen_read`, from a copy of the memory) and never prepares or writes. `pending` is
+whatever the kind must carry from its read to its write (Memoria's retrieval), opaque to
+the model. The memory objects are updated in place by `write` (the engine state is large)
+and their row operations come from `BatchRows`.
+
+One file per kind: `none.py`, `xl.py`, `memoria.py`; `KINDS` in `__init__.py`.
+
+Notation: B rows, L tokens, D width, M cached slots, H heads, hd head width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from ..config import MemoriaGPT2Config
+from ..memory_attention import MemoryInputs
+
+FORMAT = 1  # the version of every memory's `state_dict`
+
+
+def check_format(state_dict: dict[str, Any], kind: str) -> None:
+    """Raise ValueError unless `state_dict` is a memory of `kind` in this version's format."""
+    if state_dict.get("kind") != kind:
+        raise ValueError(f"saved memory is of kind {state_dict.get('kind')!r}, expected {kind!r}")
+    if state_dict.get("format") != FORMAT:
+        raise ValueError(f"memory format {state_dict.get('format')!r} is not supported (this version reads {FORMAT})")
+
+
+class MemoryRead:
+    """What the blocks of one forward read from the memory; the methods' defaults read nothing.
+
+    Attributes every read has (a field, or a class attribute set to None):
+        engrams: (B, E, D) vectors every memory attention attends to, or None.
+        slot_mask: (B, M) bool, which cached self-attention slots hold a token, or None.
+        collects_kv: the blocks return this segment's keys/values (for the kind's write).
+    """
+
+    engrams: Tensor | None
+    slot_mask: Tensor | None
+    collects_kv: ClassVar[bool] = False
+
+    def positions(self, positions: Tensor) -> Tensor:
+        """The absolute positions to embed, given the segment's (1, L) positions."""
+        return positions
+
+    def layer_kv(self, layer: int) -> tuple[Tensor | None, Tensor | None]:
+        """(B, H, M, hd) cached keys and values that block `layer`'s self-attention prepends."""
+        return None, None
+
+    def memory_inputs(self, query_mask: Tensor | None, use_sdpa: bool) -> MemoryInputs | None:
+        """The per-forward inputs of the memory attentions (None: no memory attention input)."""
+        return None
+
+    def take_rows(self, rows: Tensor | list[int]) -> MemoryRead:
+        """The read of `rows` (HF expands a read for beams); a read of nothing is itself."""
+        return self
+
+
+class EmptyRead(MemoryRead):
+    """The read of a memory that holds nothing (`none`)."""
+
+    engrams = None
+    slot_mask = None
+
+
+@dataclass
+class BlockWrites:
+    """What the blocks returned for the kind's write: per block, in order.
+
+    Attributes:
+        weights: (B, R) contribution weights of each memory attention.
+        keys / values: (B, H, L, hd) this segment's detached keys/values (when the read collects them).
+    """
+
+    weights: list[Tensor] = field(default_factory=list)
+    keys: list[Tensor] = field(default_factory=list)
+    values: list[Tensor] = field(default_factory=list)
+
+    def add(self, weights: Tensor | None, keys: Tensor | None, values: Tensor | None) -> None:
+        if weights is not None:
+            self.weights.append(weights)
+        if keys is not None:
+            self.keys.append(keys)
+            self.values.append(values)
+
+
+class MemoryKind:
+    """Base of the three kinds. Subclasses set `name` and `memory_class` and implement
+    `empty`, `read` and `write`; `prepare` and `frozen_read` are shared.
+
+    Args:
+        config: the model's config (read at each call, so later edits to it apply).
+    """
+
+    name: ClassVar[str]
+    memory_class: ClassVar[type]
+    carries_state: ClassVar[bool] = True  # False: nothing crosses segments (decode caches may be used freely)
+
+    def __init__(self, config: MemoriaGPT2Config) -> None:
+        self.config = config
+
+    def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> Any:
+        """A fresh memory of this kind for `batch_size` rows."""
+        raise NotImplementedError
+
+    def check(self, memory: Any) -> None:
+        """Raise ValueError if `memory` does not fit this model (beyond rows and device)."""
+
+    def prepare(
+        self, memory: Any | None, batch_size: int, device: torch.device, dtype: torch.dtype, reset: Tensor | None
+    ) -> Any:
+        """The memory this forward runs on: fresh if None, else checked, with `reset` rows made fresh.
+
+        Raises:
+            TypeError: a memory of another kind.
+            ValueError: another batch size or device, a misshapen reset mask, or a state
+                that does not fit this model.
+        """
+        if memory is None:
+            return self.empty(batch_size, device, dtype)
+        if not isinstance(memory, self.memory_class):
+            raise TypeError(
+                f"a `{self.name}` model takes a {self.memory_class.__name__}, got {type(memory).__name__}"
+            )
+        if memory.batch_size != batch_size:
+            raise ValueError(
+                f"memory holds {memory.batch_size} rows but the batch has {batch_size}; use take_rows/put_rows"
+            )
+        if self.carries_state and memory.device != device:
+            raise ValueError(
+                f"memory is on {memory.device} but the inputs are on {device}; call memory.to({str(device)!r})"
+            )
+        self.check(memory)
+        if reset is not None:
+            if reset.shape != (batch_size,):
+                raise ValueError(f"`reset` must be a ({batch_size},) bool mask, got shape {tuple(reset.shape)}")
+            memory.reset(reset)
+        return memory
+
+    def read(self, memory: Any, dtype: torch.dtype, abstractor: nn.Module | None) -> tuple[MemoryRead, Any]:
+        """What this segment's blocks attend to, and what `write` needs from the read."""
+        raise NotImplementedError
+
+    def frozen_read(self, memory: Any, dtype: torch.dtype, abstractor: nn.Module | None) -> MemoryRead:
+        """A read for decoding that leaves `memory` untouched (it reads a copy)."""
+        return self.read(memory.clone(), dtype, abstractor)[0]
+
+    def write(
+        self, memory: Any, read: MemoryRead, pending: Any, writes: BlockWrites, hidden: Tensor, valid: Tensor
+    ) -> Any:
+        """Update `memory` in place after the blocks; return the step's stats (or None).
+
+        Args:
+            hidden: (B, L, D) the final hidden states (after ln_f).
+            valid: (B, L) bool, real (not padded) positions of the segment.
+        """
+        raise NotImplementedError
+
+
+__all__ = ["FORMAT", "BlockWrites", "EmptyRead", "MemoryKind", "MemoryRead", "check_format"]

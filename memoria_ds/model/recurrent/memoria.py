@@ -1,0 +1,197 @@
+"""`memoria`: the paper's memory (SPEC section 2) around the backbone's blocks.
+
+    read:   1. WM = abstractor(h_{t-1})          (differentiable; h_{t-1} is detached)
+            2. retrieval = remind(state, WM)    (engine; writes WM, no gradient)
+            -> engrams [WM, M_rem] for every memory attention
+    blocks: self-attention -> memory attention (WM, then M_rem) -> MLP
+    write:  3. memorize(state, retrieval, mean contribution over blocks)   (engine)
+            4. h_t = ln_f output, detached, kept as fp32 for the next step
+
+Read and write run outside the (checkpointable) blocks, exactly once per forward. Rows with
+no previous segment (the first after a reset) have no working memory: they compute
+exactly the backbone, and their state is returned to fresh after the write.
+
+Notation: B rows, P positions of the previous segment, N working-memory engrams,
+R reminded slots, D width, C engram slots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from ...memory import MemoriaConfig, MemoryState, MemoryStats, Retrieval, memorize, remind
+from ...rows import BatchRows, rows_field
+from ..memory_attention import MemoryInputs
+from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead, check_format
+
+
+@dataclass
+class MemoriaMemory(BatchRows):
+    """Memoria's recurrent state.
+
+    Attributes:
+        prev_hidden: (B, P, D) float32, the previous segment's last hidden states (after
+            ln_f, detached): the next step's abstractor input.
+        prev_mask: (B, P) bool, True at real positions. A row with none has no previous
+            segment: its next segment runs exactly as the plain backbone.
+        state: the memory engine's `MemoryState` (fp32 engrams, counts, lifespans).
+
+    Previous segments of other lengths stack and exchange rows (padded at the end).
+    """
+
+    prev_hidden: Tensor = rows_field(pad=(1, "right"))
+    prev_mask: Tensor = rows_field(pad=(1, "right"))
+    state: MemoryState = rows_field()
+
+    @classmethod
+    def empty(
+        cls, config: MemoriaConfig, batch_size: int, dim: int, device: torch.device | str | None = None
+    ) -> MemoriaMemory:
+        """Fresh memory for `batch_size` rows (one placeholder position, marked absent)."""
+        return cls(
+            prev_hidden=torch.zeros(batch_size, 1, dim, device=device),
+            prev_mask=torch.zeros(batch_size, 1, dtype=torch.bool, device=device),
+            state=MemoryState.empty(config, batch_size, dim, device=device),
+        )
+
+    @property
+    def has_previous(self) -> Tensor:
+        """(B,) bool: rows that have a previous segment (hence a working memory this step)."""
+        return self.prev_mask.any(dim=1)
+
+    def reset(self, mask: Tensor | None = None) -> None:
+        """Make all rows, or the rows where the (B,) bool `mask` is True, fresh, in place."""
+        self.state.reset(mask)
+        if mask is None:
+            self.prev_mask.zero_()
+        else:
+            self.prev_mask.masked_fill_(mask.to(self.device, torch.bool)[:, None], False)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "memoria",
+            "format": FORMAT,
+            "prev_hidden": self.prev_hidden,
+            "prev_mask": self.prev_mask,
+            "state": self.state.state_dict(),
+        }
+
+    @classmethod
+    def from_state_dict(
+        cls, state_dict: dict[str, Any], config: MemoriaConfig | None = None, device: torch.device | str | None = None
+    ) -> MemoriaMemory:
+        """Rebuild a saved memory, checked against `config` if given."""
+        check_format(state_dict, "memoria")
+        state = MemoryState.from_state_dict(state_dict["state"], config=config, device=device)
+        hidden, mask = state_dict["prev_hidden"], state_dict["prev_mask"]
+        if device is not None:
+            hidden, mask = hidden.to(device), mask.to(device)
+        if hidden.shape[:2] != mask.shape or hidden.shape[0] != state.batch_size or hidden.shape[2] != state.dim:
+            raise ValueError(
+                f"inconsistent memoria memory: prev_hidden {tuple(hidden.shape)}, prev_mask {tuple(mask.shape)}, "
+                f"engine state of {state.batch_size} rows x width {state.dim}"
+            )
+        return cls(hidden, mask, state)
+
+
+@dataclass
+class MemoriaRead(BatchRows, MemoryRead):
+    """What the memory attentions read in one forward (a frozen one serves a whole decode).
+
+    Attributes (the compute dtype; masks bool):
+        engrams: (B, N + R, D) the working memory (with the abstractor's gradient), then the
+            reminded engrams (constants).
+        wm_active: (B,) rows that have a working memory.
+        reminded_mask: (B, R) real reminded engrams of active rows.
+        reminded_active: (B,) rows with at least one reminded engram.
+    """
+
+    engrams: Tensor
+    wm_active: Tensor
+    reminded_mask: Tensor
+    reminded_active: Tensor
+    slot_mask: ClassVar[None] = None
+
+    def memory_inputs(self, query_mask: Tensor | None, use_sdpa: bool) -> MemoryInputs:
+        return MemoryInputs(self.wm_active, self.reminded_mask, self.reminded_active, query_mask, use_sdpa)
+
+
+class MemoriaKind(MemoryKind):
+    """Working, short-term and long-term memory of engrams (the memory engine, `memoria_ds.memory`)."""
+
+    name = "memoria"
+    memory_class = MemoriaMemory
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self._parsed: tuple[dict, MemoriaConfig] | None = None
+
+    @property
+    def settings(self) -> MemoriaConfig:
+        """The engine's typed settings, parsed again only when `config.memoria` changed."""
+        raw = self.config.memoria
+        if self._parsed is None or self._parsed[0] != raw:
+            self._parsed = (dict(raw), self.config.memoria_config)
+        return self._parsed[1]
+
+    def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> MemoriaMemory:
+        return MemoriaMemory.empty(self.settings, batch_size, self.config.n_embd, device=device)
+
+    def check(self, memory: MemoriaMemory) -> None:
+        memory.state.check(self.settings)
+
+    def read(self, memory: MemoriaMemory, dtype: torch.dtype, abstractor: nn.Module) -> tuple[MemoriaRead, Retrieval]:
+        active = memory.has_previous  # (B,)
+        wm = abstractor(memory.prev_hidden.to(dtype), memory.prev_mask)  # (B, N, D)
+        retrieval = remind(memory.state, wm, self.settings)
+        mask = retrieval.reminded_mask & active[:, None]  # (B, R)
+        reminded = retrieval.reminded.to(dtype)  # (B, R, D)
+        engrams = torch.cat([wm, reminded], dim=1) if reminded.shape[1] else wm  # (B, N + R, D)
+        return MemoriaRead(engrams, active, mask, mask.any(dim=1)), retrieval
+
+    def write(
+        self,
+        memory: MemoriaMemory,
+        read: MemoriaRead,
+        pending: Retrieval,
+        writes: BlockWrites,
+        hidden: Tensor,
+        valid: Tensor,
+    ) -> MemoryStats:
+        """Memorize with the mean contribution over blocks; keep h_t."""
+        if writes.weights:
+            contribution = torch.stack(writes.weights).mean(dim=0)  # (B, R)
+        else:
+            contribution = torch.zeros(pending.reminded_slots.shape, device=hidden.device)
+        stats = memorize(memory.state, pending, contribution, self.settings)
+        # rows without a previous segment wrote a placeholder WM: return them to fresh
+        memory.state.reset(~read.wm_active)
+        memory.prev_hidden = hidden.detach().to(torch.float32, copy=True)  # a copy: never aliases the graph
+        memory.prev_mask = valid.clone()
+        return gate_stats(stats, read.wm_active, memory.state.capacity)
+
+
+def gate_stats(stats: MemoryStats, active: Tensor, capacity: int) -> MemoryStats:
+    """Rows that had no previous segment took no memory step: report an empty memory."""
+    empty = torch.zeros_like(stats.engrams)
+    empty[:, 0] = capacity
+    nan = torch.full_like(stats.reminded_ltm_age, float("nan"))
+    return dataclasses.replace(
+        stats,
+        engrams=torch.where(active[:, None], stats.engrams, empty),
+        evicted=torch.where(active, stats.evicted, 0),
+        reminded_stm=torch.where(active, stats.reminded_stm, 0),
+        reminded_ltm=torch.where(active, stats.reminded_ltm, 0),
+        found_ltm=torch.where(active, stats.found_ltm, 0),
+        reminded_ltm_age=torch.where(active, stats.reminded_ltm_age, nan),
+        lifespan_mean=torch.where(active, stats.lifespan_mean, nan),
+        lifespan_max=torch.where(active, stats.lifespan_max, 0.0),
+    )
+
+
+__all__ = ["MemoriaMemory", "MemoriaRead", "MemoriaKind", "gate_stats"]
