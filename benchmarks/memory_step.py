@@ -85,7 +85,7 @@ def run_phases(a: argparse.Namespace) -> dict:
     """Median wall time (ms) of each stage of memoria_ds's step, over the second half of the run."""
     from memoria_ds.memory import memorize
     from memoria_ds.memory import retrieve as R
-    from memoria_ds.memory.memorize import write_working_memory
+    from memoria_ds.memory.encode import write_working_memory
 
     cfg, state, device, sync = _setup(a)
     times: dict[str, list[float]] = {}

@@ -2,12 +2,12 @@
 
     python launch/collect.py runs/repro [more roots] [--out DIR] [--tables table1,table5]
 
-See memoria_ds/analysis/collect.py and docs/reproduction.md.
+See memoria_ds/repro/collect.py and docs/reproduction.md.
 """
 
 import sys
 
-from memoria_ds.analysis.collect import main
+from memoria_ds.repro.collect import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,7 +9,7 @@
 # --mode smoke    the same pipeline scaled down for CPU (stand-in data, tiny model, a few steps)
 #                 (`--mode dry-run --scale smoke` prints the smoke commands without running them)
 #
-# Every other flag goes to the planner (python -m memoria_ds.analysis.plan; `--help` lists
+# Every other flag goes to the planner (python -m memoria_ds.repro.plan; `--help` lists
 # them): --topology single-gpu|node|multinode, --gpus N, --hostfile H, --launcher pdsh|no-ssh,
 # --run-root DIR, --models, --sizes, --corpora, --segment-lengths, --segments, --entries,
 # --zero, --gpu-memory-gb, --global-batch, --micro-batch, --count-tokens, --rerun.
@@ -27,16 +27,16 @@ while [[ $# -gt 0 ]]; do
     -h|--help)  # the launcher's own flags (--mode), then the planner's
       sed -n '4,17p' "${BASH_SOURCE[0]}" | sed -E 's/^# ?//'
       echo
-      exec "$PYTHON" -m memoria_ds.analysis.plan --help ;;
+      exec "$PYTHON" -m memoria_ds.repro.plan --help ;;
     --) args+=("$@"); break ;;
     *) args+=("$1"); shift ;;
   esac
 done
 
 case $mode in
-  dry-run) planner=("$PYTHON" -m memoria_ds.analysis.plan --print report) ;;
-  run) planner=("$PYTHON" -m memoria_ds.analysis.plan --print commands) ;;
-  smoke) planner=("$PYTHON" -m memoria_ds.analysis.plan --print commands --scale smoke) ;;
+  dry-run) planner=("$PYTHON" -m memoria_ds.repro.plan --print report) ;;
+  run) planner=("$PYTHON" -m memoria_ds.repro.plan --print commands) ;;
+  smoke) planner=("$PYTHON" -m memoria_ds.repro.plan --print commands --scale smoke) ;;
   *) echo "error: --mode must be run, dry-run or smoke, got '$mode'" >&2; exit 2 ;;
 esac
 planner+=("${args[@]}")

@@ -25,7 +25,7 @@ from typing import Any
 from . import plots
 from .memory_data import (MemorySnapshot, edge_weights_by_age, latest_shard, lifespans_by_kind, load_memory,
                           ltm_creation_percent)
-from .trace import MemoryTrace, read_trace
+from ..eval.trace import MemoryTrace, read_trace
 
 
 def traced_evaluation(run_dir: Path, out: Path, split: str, protocol: str = "paper", max_steps: int | None = None,

@@ -27,7 +27,7 @@ from ..memory import MemoriaConfig, MemoryState
 from ..memory.state import EMPTY, KIND_NAMES, LTM
 from ..model.config import resolve_preset
 from ..safe_io import load_tree
-from .trace import TRACE_STATE_KIND
+from ..eval.trace import TRACE_STATE_KIND
 
 
 @dataclass

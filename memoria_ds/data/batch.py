@@ -57,6 +57,11 @@ class StreamBatch:
         }
         return replace(self, **moved)
 
+    def rows(self, index: slice) -> "StreamBatch":
+        """The batch of rows `index` (a micro-batch of a training step)."""
+        picked = {f.name: getattr(self, f.name)[index] for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+        return replace(self, **picked)
+
     @property
     def batch_size(self) -> int:
         return int(self.input_ids.shape[0])

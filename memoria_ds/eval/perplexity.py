@@ -1,7 +1,8 @@
 """Perplexity / BPC of a memory model over a split, under a named protocol.
 
-The loop: build this rank's streams for the protocol, feed segment t of every stream with
-the memory returned for segment t - 1 and the rows to reset, score the targets (with the
+The loop: build this rank's streams for the protocol, feed them through the segment runner
+(segments.py: segment t of every stream reads the memory returned for segment t - 1, with
+the rows to reset), score the targets (with the
 last target of each segment masked under `paper`), add NLL and token counts as float64
 sums on the device, and all-reduce the sums once at the end. PPL = exp(total NLL / total
 scored tokens): token-weighted over streams and ranks, never a mean of means.
@@ -20,16 +21,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from memoria_ds.data.batch import IGNORE_INDEX
 from memoria_ds.data.streams import StreamLayout, TokenStreams
 from memoria_ds.data.token_corpus import TokenCorpus
 from memoria_ds.eval.protocols import EvalProtocol, protocol_from_name
 from memoria_ds.eval.result import EvalResult, write_results
-from memoria_ds.eval.scoring import (
-    all_reduce_sums, dist_coordinates, forward_segment, logits_and_memory, model_device, token_nll,
-)
+from memoria_ds.eval.scoring import all_reduce_sums, token_nll
+from memoria_ds.eval.segments import dist_coordinates, evaluating, model_device, run_segments
 
 
 def evaluate_lm(
@@ -62,7 +61,7 @@ def evaluate_lm(
         output_path: rank 0 writes the result there as JSON.
         on_step: called after every segment as `on_step(step, batch, output)` with this
             rank's `StreamBatch` and the model's whole output (e.g. `output.memory_stats`,
-            `output.memory`); memoria_ds.analysis.trace records the memory with it.
+            `output.memory`); memoria_ds.eval.trace records the memory with it.
 
     Returns:
         The `EvalResult` (identical on every rank).
@@ -88,32 +87,20 @@ def evaluate_lm(
     counts_here = 0.0 if replicated and rank != 0 else 1.0
     steps = streams.steps_per_epoch if max_steps is None else min(max_steps, streams.steps_per_epoch)
 
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # nll, scored tokens, input tokens
-    memory = None
     start = time.perf_counter()
-    try:
-        with torch.no_grad():
-            for step in tqdm(range(steps), desc=f"eval {protocol.name}", disable=not progress or rank != 0):
-                batch = streams.batch_at(0, step).to(device)
-                reset = protocol.reset.reset_mask(batch)
-                out = forward_segment(model, batch, memory, reset)
-                logits, memory = logits_and_memory(out)
-                if on_step is not None:
-                    on_step(step, batch, out)
-                targets = batch.targets
-                if not protocol.score_segment_first:
-                    targets = targets.clone()
-                    targets[:, -1] = IGNORE_INDEX  # what HF's label shift never scores
-                nll, mask = token_nll(logits, targets)
-                sums += torch.stack([
-                    nll.double().sum(), mask.sum().double(), batch.attention_mask.sum().double()
-                ])
-    finally:
-        if was_training and hasattr(model, "train"):
-            model.train()
+    label = f"eval {protocol.name}" if progress and rank == 0 else None
+    with evaluating(model):
+        for seg in run_segments(model, streams, reset=protocol.reset, device=device, steps=steps, progress=label):
+            batch = seg.batch
+            if on_step is not None:
+                on_step(seg.step, batch, seg.output)
+            targets = batch.targets
+            if not protocol.score_segment_first:
+                targets = targets.clone()
+                targets[:, -1] = IGNORE_INDEX  # what HF's label shift never scores
+            nll, mask = token_nll(seg.logits, targets)
+            sums += torch.stack([nll.double().sum(), mask.sum().double(), batch.attention_mask.sum().double()])
     totals = all_reduce_sums(sums * counts_here).tolist()
     wall = time.perf_counter() - start
     notes = [] if steps == streams.steps_per_epoch else [f"stopped after {steps} of {streams.steps_per_epoch} steps"]

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from memoria_ds.data.batch import IGNORE_INDEX, StreamBatch
+from memoria_ds.eval.segments import forward_segment, logits_and_memory
 
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,25 +51,6 @@ def call_model(model: Any, batch: StreamBatch, memory: Any, reset: torch.Tensor)
     return logits_and_memory(forward_segment(model, batch, memory, reset))
 
 
-def forward_segment(model: Any, batch: StreamBatch, memory: Any, reset: torch.Tensor) -> Any:
-    """One segment through a Contract-2 model: its whole output (`.logits`, `.memory`, `.memory_stats`, ...)."""
-    return model(input_ids=batch.input_ids, shift_labels=None, memory=memory, reset=reset)
-
-
-def logits_and_memory(out: Any) -> tuple[torch.Tensor, Any]:
-    """(logits (B, L, V), the memory to carry) of a model output (a ModelOutput or a dict)."""
-    logits = out["logits"] if isinstance(out, dict) else out.logits
-    new_memory = out.get("memory") if isinstance(out, dict) else getattr(out, "memory", None)
-    return logits, new_memory
-
-
-def dist_coordinates() -> tuple[int, int]:
-    """(rank, world size) of the default process group, (0, 1) without one."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def all_reduce_sums(sums: torch.Tensor) -> torch.Tensor:
     """Sum a float64 vector of totals over all ranks (exact for counts below 2**53).
 
@@ -79,11 +61,3 @@ def all_reduce_sums(sums: torch.Tensor) -> torch.Tensor:
         sums = sums.clone()
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
     return sums
-
-
-def model_device(model: Any) -> torch.device:
-    """The device of the model's first parameter (CPU for a parameterless model)."""
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return torch.device("cpu")

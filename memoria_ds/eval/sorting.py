@@ -1,7 +1,7 @@
 """Sorting-task accuracy (paper Table 4): teacher-forced argmax over the 20 target positions.
 
-Each batch of examples is read segment by segment with memory carried between segments
-and every row reset at its example's first segment. Scored positions are those with a
+Each batch of examples is read segment by segment through the segment runner (segments.py),
+memory carried between segments and every row reset at its example's first segment. Scored positions are those with a
 target (the separator and the first 19 answer symbols, predicting the 20 answer symbols);
 accuracy = correct / scored over all examples and ranks (exact sums, all-reduced).
 """
@@ -13,12 +13,12 @@ from typing import Any
 
 import datasets
 import torch
-from tqdm.auto import tqdm
 
 from memoria_ds.data.examples import ExampleStreams
 from memoria_ds.data.reset import ResetPolicy
 from memoria_ds.eval.result import EvalResult
-from memoria_ds.eval.scoring import all_reduce_sums, call_model, dist_coordinates, model_device, token_nll
+from memoria_ds.eval.scoring import all_reduce_sums, token_nll
+from memoria_ds.eval.segments import dist_coordinates, evaluating, model_device, run_segments
 
 _EVERY_EXAMPLE = ResetPolicy(at_document_start=True)
 
@@ -57,24 +57,16 @@ def evaluate_sorting(
     streams = ExampleStreams(dataset, batch_size=batch_size, segment_length=segment_length,
                              rank=rank, world_size=world_size)
     device = torch.device(device) if device is not None else model_device(model)
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # nll, scored, correct, input tokens
-    memory = None
     start = time.perf_counter()
-    try:
-        with torch.no_grad():
-            for step in tqdm(range(streams.steps_per_epoch), desc="eval sorting", disable=not progress or rank != 0):
-                batch = streams.batch_at(0, step).to(device)
-                logits, memory = call_model(model, batch, memory, _EVERY_EXAMPLE.reset_mask(batch))
-                nll, mask = token_nll(logits, batch.targets)
-                correct = (logits.argmax(dim=-1) == batch.targets) & mask
-                sums += torch.stack([nll.double().sum(), mask.sum().double(), correct.sum().double(),
-                                     batch.attention_mask.sum().double()])
-    finally:
-        if was_training and hasattr(model, "train"):
-            model.train()
+    label = "eval sorting" if progress and rank == 0 else None
+    with evaluating(model):
+        for seg in run_segments(model, streams, reset=_EVERY_EXAMPLE, device=device, progress=label):
+            batch, logits = seg.batch, seg.logits
+            nll, mask = token_nll(logits, batch.targets)
+            correct = (logits.argmax(dim=-1) == batch.targets) & mask
+            sums += torch.stack([nll.double().sum(), mask.sum().double(), correct.sum().double(),
+                                 batch.attention_mask.sum().double()])
     totals = all_reduce_sums(sums).tolist()
     wall = time.perf_counter() - start
     result = EvalResult.from_sums(

@@ -10,8 +10,10 @@ A step, for B rows at once::
 """
 
 from .config import MemoriaConfig
-from .memorize import memorize, write_working_memory
-from .retrieve import Retrieval, log_mean_similarity, remind, search_ltm
+from .encode import write_working_memory
+from .memorize import memorize
+from .retrieval import Retrieval
+from .retrieve import log_mean_similarity, remind, search_ltm
 from .state import EMPTY, KIND_NAMES, LTM, STM, WM, MemoryState
 from .stats import MemoryStats, graph_stats
 

@@ -19,44 +19,17 @@ Ties are broken deterministically, never with an RNG:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from .config import MemoriaConfig
-from .memorize import write_working_memory
+from .encode import write_working_memory
+from .retrieval import Retrieval
 from .state import LTM, STM, MemoryState
 
 _NEG = -(1 << 30)  # "ineligible" in edge keys; stays negative after adding any int16 count * C
 _NEG_BOUND = 1 << 30  # int32 keys are used while every count * C + rank stays below this
 _CHUNK = 256  # most candidates scored per matmul (the gathered (B, chunk, D) block stays in cache)
-
-
-@dataclass
-class Retrieval:
-    """What one step reminded, handed to the model and then to `memorize`.
-
-    Attributes:
-        wm_slots: (B, N) slots holding this step's working memory.
-        stm_slots: (B, K_stm) top STM engrams by score, -1 padded. They are the LTM
-            search cues; they are reminded to the model only if `use_stm`.
-        ltm_slots: (B, K_ltm) LTM engrams reminded, -1 padded ((B, 0) if `use_ltm` is off).
-        num_found: (B,) LTM engrams found by the search (all LTM for `exhaustive`).
-        evicted: (B,) LTM engrams evicted to make room for this working memory.
-        reminded_slots: (B, R) slots of `M_rem` (STM part, then LTM part), -1 padded.
-        reminded: (B, R, D) float32 vectors of `M_rem`, zeros where padded.
-        reminded_mask: (B, R) True where `reminded_slots` holds a real engram.
-    """
-
-    wm_slots: Tensor
-    stm_slots: Tensor
-    ltm_slots: Tensor
-    num_found: Tensor
-    evicted: Tensor
-    reminded_slots: Tensor
-    reminded: Tensor
-    reminded_mask: Tensor
 
 
 # --------------------------------------------------------------------------- scoring

@@ -7,16 +7,12 @@ age of reminded LTM engrams is the quantity of the paper's Figure 5.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
 from .config import MemoriaConfig
+from .retrieval import Retrieval
 from .state import EMPTY, KIND_NAMES, LTM, MemoryState
-
-if TYPE_CHECKING:
-    from .retrieve import Retrieval
 
 
 @dataclass

@@ -87,13 +87,9 @@ def init_distributed(use_deepspeed: bool = True) -> DistInfo:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if not dist.is_initialized():
         if use_deepspeed:
-            import deepspeed
+            from .engine import init_process_group
 
-            if not cuda:
-                # DeepSpeed compiles a shared-memory comm op on first use (25-65 s on CPU);
-                # gloo does the same job for CPU runs, so mark the op unavailable.
-                deepspeed.ops.__compatible_ops__ = dict(deepspeed.ops.__compatible_ops__, deepspeed_shm_comm=False)
-            deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+            init_process_group(cuda)
         else:
             dist.init_process_group("nccl" if cuda else "gloo")
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world, device=device)

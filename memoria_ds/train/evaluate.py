@@ -94,7 +94,7 @@ def run(cfg: RunConfig, source: str, out: Path, info) -> list[Any]:
     def trace(protocol: str):
         if not (cfg.eval.trace and info.is_main and memoria is not None):
             return None
-        from ..analysis.trace import MemoryTrace
+        from ..eval.trace import MemoryTrace
 
         name = f"{cfg.eval.split}_{protocol}"
         return MemoryTrace(out / f"trace_{name}.jsonl", state_path=out / f"memory_{name}.safetensors",

@@ -19,23 +19,21 @@ is saved with `safe_serialization=True`):
 
 from __future__ import annotations
 
-import contextlib
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import torch
+from torch import nn
 
 from ..model.remote_code import add_remote_code
 from ..safe_io import load_tree
 from . import distributed as dist_utils
 from .build import build_run_model, unwrap
 from .checkpoint import ENGINE_TAG
-from .engine import ENGINE_FILE
+from .engine import ENGINE_FILE, fp32_master, gathered, zero_fp32_state_dict
+from .config import RunConfig
 from .model_card import model_card
-
-if TYPE_CHECKING:
-    from .loop import Trainer
 
 
 def consolidated_state_dict(ckpt_dir: Path, engine_kind: str) -> dict[str, torch.Tensor]:
@@ -48,10 +46,7 @@ def consolidated_state_dict(ckpt_dir: Path, engine_kind: str) -> dict[str, torch
     """
     if engine_kind == "torch":
         return load_tree(ckpt_dir / ENGINE_TAG / ENGINE_FILE)["module"]
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=ENGINE_TAG)
-    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+    return zero_fp32_state_dict(ckpt_dir, ENGINE_TAG)
 
 
 def _strip_lora(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -65,16 +60,7 @@ def _strip_lora(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _gathered(param, zero_stage: int | None):
-    """The full parameter on every rank for the duration (ZeRO-3 partitions it)."""
-    if zero_stage == 3:
-        import deepspeed
-
-        return deepspeed.zero.GatheredParameters([param], modifier_rank=None)
-    return contextlib.nullcontext()
-
-
-def trained_weights(trainer: Trainer) -> tuple[dict[str, torch.Tensor], int]:
+def trained_weights(cfg: RunConfig, engine, model: nn.Module, is_main: bool) -> tuple[dict[str, torch.Tensor], int]:
     """fp32 copies of every trainable parameter, on rank 0 (every rank calls: under ZeRO the
     assembly is collective), checked against the live parameter.
 
@@ -89,17 +75,15 @@ def trained_weights(trainer: Trainer) -> tuple[dict[str, torch.Tensor], int]:
     Raises:
         RuntimeError: a master that is empty, of another shape, or different from the parameter.
     """
-    stage = getattr(trainer.engine, "zero_stage", None)
-    deepspeed_run = trainer.cfg.engine == "deepspeed"
-    if deepspeed_run:
-        from deepspeed.utils import safe_get_full_fp32_param
+    stage = getattr(engine, "zero_stage", None)
+    deepspeed_run = cfg.engine == "deepspeed"
     out, problems = {}, []
-    for name, param in trainer.model.named_parameters():
+    for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        master = safe_get_full_fp32_param(param) if deepspeed_run else None
-        with _gathered(param, stage):
-            if trainer.info.is_main:
+        master = fp32_master(param) if deepspeed_run else None
+        with gathered(param, stage):
+            if is_main:
                 live = param.detach().cpu()
                 weight = live.float().clone() if master is None else master.detach().float().cpu().clone()
                 if weight.numel() == 0 or weight.shape != live.shape:
@@ -112,52 +96,61 @@ def trained_weights(trainer: Trainer) -> tuple[dict[str, torch.Tensor], int]:
     return out, len(out)
 
 
-def export_hf(trainer: Trainer, step: int, results: list | None = None) -> Path | None:
+def export_hf(
+    cfg: RunConfig, engine, model: nn.Module, *, vocab_size: int, is_main: bool, log: Callable[[str], None],
+    step: int, results: list | None = None,
+) -> Path | None:
     """Write `<run_dir>/export` from the engine's weights at `step` (rank 0; every rank calls),
-    with a model card (README.md) giving the final evaluation `results`."""
-    out_dir = Path(trainer.cfg.run_dir) / "export"
-    state, checked = trained_weights(trainer)
-    if trainer.info.is_main:
-        trainer.log(f"export: {checked} trained tensors (fp32{' masters' if trainer.cfg.engine == 'deepspeed' else ''}) "
-                    f"equal the live parameters at step {step}")
-        vocab = trainer.vocab_size
-        fresh = build_run_model(trainer.cfg, vocab).to("cpu")
+    with a model card (README.md) giving the final evaluation `results`.
+
+    Args:
+        cfg: the run's configuration. engine: the DeepSpeed or plain engine holding the weights.
+        model: the module the engine trains (LoRA-wrapped for a LoRA run). vocab_size: the
+        model's vocabulary. is_main: this process is rank 0. log: rank 0's log line writer.
+    """
+    out_dir = Path(cfg.run_dir) / "export"
+    state, checked = trained_weights(cfg, engine, model, is_main)
+    if is_main:
+        log(f"export: {checked} trained tensors (fp32{' masters' if cfg.engine == 'deepspeed' else ''}) "
+            f"equal the live parameters at step {step}")
+        vocab = vocab_size
+        fresh = build_run_model(cfg, vocab).to("cpu")
         trainable = {n for n, p in fresh.named_parameters() if p.requires_grad}
         missing = sorted(trainable - set(state))
         if missing:
             raise RuntimeError(f"the engine lacks trained parameters {missing[:5]} (and {len(missing) - 5} more)"
                                if len(missing) > 5 else f"the engine lacks trained parameters {missing}")
         fresh.load_state_dict(state, strict=False)
-        if trainer.cfg.lora.enabled:
-            if trainer.cfg.checkpoint.merge_lora:
-                model = fresh.merge_and_unload()
+        if cfg.lora.enabled:
+            if cfg.checkpoint.merge_lora:
+                exported = fresh.merge_and_unload()
             else:
                 fresh.save_pretrained(str(out_dir / "adapter"), safe_serialization=True)
-                model = unwrap(build_run_model_plain(trainer, vocab))
-                model.load_state_dict(_strip_lora(state), strict=False)
+                exported = unwrap(build_run_model_plain(cfg, vocab))
+                exported.load_state_dict(_strip_lora(state), strict=False)
         else:
-            model = fresh
-        remote = add_remote_code(model, out_dir)  # loads with trust_remote_code=True, no import first
-        model.save_pretrained(str(out_dir))  # transformers 5 writes safetensors only
-        _save_tokenizer(trainer, out_dir)
-        lora = trainer.cfg.checkpoint.merge_lora if trainer.cfg.lora.enabled else None
-        (out_dir / "README.md").write_text(model_card(trainer.cfg, step, list(results or []), model.config, lora,
+            exported = fresh
+        remote = add_remote_code(exported, out_dir)  # loads with trust_remote_code=True, no import first
+        exported.save_pretrained(str(out_dir))  # transformers 5 writes safetensors only
+        _save_tokenizer(cfg, out_dir, log)
+        lora = cfg.checkpoint.merge_lora if cfg.lora.enabled else None
+        (out_dir / "README.md").write_text(model_card(cfg, step, list(results or []), exported.config, lora,
                                                       remote_code=remote))
-        trainer.log(f"exported step {step} to {out_dir} (safetensors)")
+        log(f"exported step {step} to {out_dir} (safetensors)")
     dist_utils.barrier()
     return out_dir
 
 
-def build_run_model_plain(trainer: Trainer, vocab):
+def build_run_model_plain(cfg: RunConfig, vocab: int) -> nn.Module:
     """The run's model without LoRA (the base for a non-merged adapter export)."""
     from dataclasses import replace
 
-    cfg = replace(trainer.cfg, lora=replace(trainer.cfg.lora, enabled=False))
-    return build_run_model(cfg, vocab).to("cpu")
+    plain = replace(cfg, lora=replace(cfg.lora, enabled=False))
+    return build_run_model(plain, vocab).to("cpu")
 
 
-def _save_tokenizer(trainer: Trainer, out_dir: Path) -> None:
-    data = trainer.cfg.data
+def _save_tokenizer(cfg: RunConfig, out_dir: Path, log: Callable[[str], None]) -> None:
+    data = cfg.data
     if data.corpus in ("enwik8", "sorting"):
         return  # a character / symbol vocabulary, recorded in the corpus metadata
     from ..data import load_tokenizer
@@ -165,4 +158,4 @@ def _save_tokenizer(trainer: Trainer, out_dir: Path) -> None:
     try:
         load_tokenizer(data.tokenizer or "gpt2").save_pretrained(str(out_dir))
     except (OSError, ValueError) as e:  # the weights are what matters; say so and go on
-        trainer.log(f"export: tokenizer not saved ({e})")
+        log(f"export: tokenizer not saved ({e})")

@@ -21,6 +21,7 @@ import torch
 from ..data import VOCAB_SIZE, ExampleStreams, TokenStreams
 from ..eval import EvalResult
 from ..eval.configured import describe, evaluate_split
+from ..eval.segments import forward_segment
 from ..memory import graph_stats
 from . import distributed as dist_utils
 from . import faults
@@ -29,7 +30,8 @@ from .checkpoint import CheckpointError, CheckpointInfo, list_checkpoints, load_
 from .config import RunConfig
 from .distributed import DistInfo
 from .ds_config import read_ds_config, resolve_ds_config
-from .engine import DeepSpeedEngine, TorchEngine, TrainEngine, check_ds_config, guard_loss
+from .engine import (DeepSpeedEngine, TorchEngine, TrainEngine, check_ds_config, guard_loss, versions,
+                     zero3_construction)
 from .export import export_hf
 from .health import check_before_save, weights_magnitude
 from .metrics import MetricsWriter
@@ -76,13 +78,6 @@ class _Window:
             t.zero_()
         self.skipped_steps, self.t0 = 0, time.time()
         self.last_step_applied = True  # the window's last optimizer step was applied (else no grad norm)
-
-
-def _versions() -> dict[str, str]:
-    import deepspeed
-    import transformers
-
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "deepspeed": deepspeed.__version__}
 
 
 class Trainer:
@@ -140,22 +135,8 @@ class Trainer:
         # optimizer updates (the learning-rate schedule's length): steps whose segment holds targets
         self.update_steps = self.streams.count_target_steps(self.total_steps)
 
-        zero3 = self.ds_config is not None and self.ds_config.get("zero_optimization", {}).get("stage") == 3
         seed_everything(cfg.seed)  # the same initial weights on every rank
-        if zero3:
-            # HF builds / loads the model straight into ZeRO-3 partitions while this object
-            # lives (a GPT-2 XL is never materialised whole on every rank). It is unset right
-            # after: later model builds (the rank-0 export) must not become collective.
-            from transformers.integrations import HfDeepSpeedConfig
-            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-
-            hf_ds_config = HfDeepSpeedConfig(self.ds_config)
-            try:
-                model = build_run_model(cfg, self.vocab_size)
-            finally:
-                del hf_ds_config
-                unset_hf_deepspeed_config()
-        else:
+        with zero3_construction(self.ds_config):  # under ZeRO-3: built straight into partitions
             model = build_run_model(cfg, self.vocab_size)
         self.lora = cfg.lora.enabled
         self.engine = self._build_engine(model)
@@ -278,15 +259,16 @@ class Trainer:
             update = self.streams.has_targets(batch.step)
             for j in range(self.accum):
                 rows = slice(j * self.micro, (j + 1) * self.micro)
-                targets = batch.targets[rows]
+                micro = batch.rows(rows)
+                targets = micro.targets
                 with torch.set_grad_enabled(update):
-                    out = self.engine(input_ids=batch.input_ids[rows], shift_labels=targets if update else None,
-                                      memory=self.memories[j], reset=reset[rows] | self.discard[j])
+                    out = forward_segment(self.engine, micro, self.memories[j], reset[rows] | self.discard[j],
+                                          labels=targets if update else None)
                 if out.memory_stats is not None:
                     step_stats.append(out.memory_stats)
                 if not update:
                     self.memories[j], self.discard[j] = out.memory, self._no
-                    window.tokens += batch.attention_mask[rows].sum()
+                    window.tokens += micro.attention_mask.sum()
                     continue
                 loss = out.loss
                 if j == 0 and info.rank == 0 and faults.active("nan_loss", step + 1):
@@ -295,7 +277,7 @@ class Trainer:
                 loss, bad = guard_loss(loss, scored)
                 self.engine.backward(loss)
                 self.memories[j], self.discard[j] = out.memory, bad
-                window.add(loss.detach(), bad, scored, batch.attention_mask[rows].sum(), step * self.accum + j)
+                window.add(loss.detach(), bad, scored, micro.attention_mask.sum(), step * self.accum + j)
             if update:
                 window.last_step_applied = self.engine.step()
                 window.skipped_steps += not window.last_step_applied
@@ -315,7 +297,8 @@ class Trainer:
         results = self.evaluate(writer, self.total_steps) if cfg.eval.at_end else []
         export_dir = None
         if cfg.checkpoint.export:
-            export_dir = export_hf(self, self.total_steps, results)
+            export_dir = export_hf(self.cfg, self.engine, self.model, vocab_size=self.vocab_size,
+                                   is_main=self.info.is_main, log=self.log, step=self.total_steps, results=results)
         writer.close()
         summary = {"steps": self.total_steps, "final_train_loss": last_loss,
                    "eval": [r.to_dict() for r in results], "export": str(export_dir) if export_dir else None,
@@ -406,7 +389,7 @@ class Trainer:
         """A memory trace of the final evaluation (rank 0's streams), if `eval.trace`."""
         if not (self.cfg.eval.trace and self.info.is_main and self.memoria_config is not None):
             return None
-        from ..analysis.trace import MemoryTrace
+        from ..eval.trace import MemoryTrace
 
         d = self._eval_dir()
         return MemoryTrace(d / f"trace_{protocol}.jsonl", state_path=d / f"memory_{protocol}.safetensors",
@@ -430,7 +413,7 @@ class Trainer:
                           last_good=good[-1] if good else None, max_memory=limits.max_abs,
                           max_weight=limits.max_weight_growth * max(1.0, self.weights_at_start))
         shard = make_shard(self.stream_ids, self.memories, self.streams.state_dict(), step, self.micro)
-        meta = {"fingerprint": fingerprint(self.cfg), "config": to_dict(self.cfg), "versions": _versions(),
+        meta = {"fingerprint": fingerprint(self.cfg), "config": to_dict(self.cfg), "versions": versions(),
                 "engine": self.cfg.engine, "precision": self.precision,
                 "zero_stage": getattr(self.engine, "zero_stage", None), "lora": self.lora,
                 "weights_at_start": self.weights_at_start}

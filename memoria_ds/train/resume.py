@@ -19,8 +19,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from typing import Any
 from . import distributed as dist_utils
 from .checkpoint import ENGINE_TAG, CheckpointError, CheckpointInfo, find_latest, list_checkpoints, step_of, validate
 from .config import RunConfig
+from .engine import to_universal
 from .typed import to_dict
 
 UNIVERSAL_TAG = "engine_universal"
@@ -115,13 +114,11 @@ def ensure_universal(info: CheckpointInfo, rank: int) -> str:
     if rank == 0 and not (target / ".complete").is_file():
         tmp = info.path / f".{UNIVERSAL_TAG}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
-               str(info.path / ENGINE_TAG), "--output_folder", str(tmp), "--inject_missing_state", "--num_extract_workers", "1", "--num_merge_workers", "1"]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
+        error = to_universal(info.path / ENGINE_TAG, tmp)
+        if error is not None:
             shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointError(
-                f"could not convert {info.path} to a universal checkpoint for a new world size:\n{done.stderr[-2000:]}"
+                f"could not convert {info.path} to a universal checkpoint for a new world size:\n{error}"
             )
         (tmp / ".complete").write_text("ok\n")
         shutil.rmtree(target, ignore_errors=True)

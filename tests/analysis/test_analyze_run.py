@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))  # the launchers' test helpers
 from repro_helpers import check, check_finished_run, free_port, run  # noqa: E402
 
-from memoria_ds.analysis.collect import collect  # noqa: E402
+from memoria_ds.repro.collect import collect  # noqa: E402
 from memoria_ds.analysis.memory_data import load_memory  # noqa: E402
 from memoria_ds.memory.state import LTM  # noqa: E402
 from memoria_ds.safe_io import load_tree  # noqa: E402

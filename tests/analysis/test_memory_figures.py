@@ -12,7 +12,7 @@ import torch
 from memoria_ds.analysis import plots
 from memoria_ds.analysis.memory_data import (MemorySnapshot, edge_weights_by_age, lifespans_by_kind, load_memory,
                                              ltm_creation_percent, mean_by_age, memoria_config_of_run)
-from memoria_ds.analysis.trace import MemoryTrace, read_trace
+from memoria_ds.eval.trace import MemoryTrace, read_trace
 from memoria_ds.data import TokenCorpus
 from memoria_ds.eval import evaluate_lm, full_protocol, paper_protocol
 from memoria_ds.memory import MemoriaConfig, MemoryState

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from memoria_ds.analysis import footprint as fp
-from memoria_ds.analysis.cost import estimate_cost, flops_per_token, schedule
-from memoria_ds.analysis.experiments import ENTRY_BASE_OVERRIDES, EXPERIMENTS, PRETRAIN, TABLES, select
-from memoria_ds.analysis.plan import main as plan_main
-from memoria_ds.analysis.topology import Topology, split_batch
+from memoria_ds.repro import footprint as fp
+from memoria_ds.repro.cost import estimate_cost, flops_per_token, schedule
+from memoria_ds.repro.experiments import ENTRY_BASE_OVERRIDES, EXPERIMENTS, PRETRAIN, TABLES, select
+from memoria_ds.repro.plan import main as plan_main
+from memoria_ds.repro.topology import Topology, split_batch
 from memoria_ds.memory import MemoriaConfig, MemoryState
 from memoria_ds.train.cli import parse as parse_training_args
 from memoria_ds.train.config import RunConfig
@@ -283,7 +283,7 @@ def test_cost_is_the_stated_formula():
     assert flops_per_token(config, params, 100) == 6 * params + 12 * 12 * 768 * 50
     sched = schedule(cfg, world_size=1)
     cost = estimate_cost(config, params, sched, cfg, world_size=1, num_nodes=1, zero_stage=1, offload=False)
-    from memoria_ds.analysis import cost as c
+    from memoria_ds.repro import cost as c
 
     compute = flops_per_token(config, params, 100) * 800 / (c.A100_BF16_PEAK * c.MFU)
     latency = 12 * c.BLOCK_LATENCY_S + c.OPTIMIZER_STEP_S
@@ -299,7 +299,7 @@ def test_cost_is_the_stated_formula():
 def test_table_script_dry_run_echoes_the_planner_and_prints_commands(tmp_path):
     proc = check(run(["bash", "launch/repro/table7.sh", "--mode", "dry-run", "--topology", "node", "--gpus", "2",
                       "--segments", "4", "--models", "memoria", "--run-root", str(tmp_path), "--", "log.every=7"]))
-    assert proc.stdout.startswith("+ ") and "memoria_ds.analysis.plan --print report --table table7" in proc.stdout
+    assert proc.stdout.startswith("+ ") and "memoria_ds.repro.plan --print report --table table7" in proc.stdout
     (argv,) = printed_commands(proc.stdout)
     assert argv[:3] == ["deepspeed", "--num_gpus", "2"] and argv[-1] == "log.every=7"
     bad = run(["bash", "launch/repro/table7.sh", "--mode", "bogus"])

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from memoria_ds.analysis.collect import find_runs, read_run
-from memoria_ds.analysis.experiments import TABLES
-from memoria_ds.analysis.plan import main as plan_main
+from memoria_ds.repro.collect import find_runs, read_run
+from memoria_ds.repro.experiments import TABLES
+from memoria_ds.repro.plan import main as plan_main
 
 from repro_helpers import check, check_finished_run, free_port, run
 

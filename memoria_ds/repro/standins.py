@@ -14,7 +14,7 @@ these instead, through the *same* loaders with `data.path` (docs/data.md):
 The text is the bundled public-domain book (memoria_ds/assets, chapters I-X for training,
 XI for validation, XII for test). A number trained on stand-ins says nothing about the paper.
 
-    python -m memoria_ds.analysis.standins DIR [--only wikitext103,pg19,enwik8,gpt2-tiny]
+    python -m memoria_ds.repro.standins DIR [--only wikitext103,pg19,enwik8,gpt2-tiny]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ A run directory is any directory with a `config.yaml` (written by the training a
 Which paper experiment it is comes from its `repro.json` (written by the launchers, with
 the scale: `paper` or `smoke`), or else from its configuration (entry kind, preset,
 backbone, corpus, segment length, sorting segments) matched against
-`memoria_ds.analysis.experiments`. Our numbers are the latest `eval/step_*_<protocol>.json`
+`memoria_ds.repro.experiments`. Our numbers are the latest `eval/step_*_<protocol>.json`
 of the run (EvalResult JSON); each is printed with the protocol it was measured under, and
 the paper's with the protocol the authors used. Smoke runs, shortened runs (`max_steps`),
 truncated evaluations and unfinished runs are labelled as such, never passed off as

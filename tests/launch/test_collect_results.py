@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from memoria_ds.analysis.collect import collect, find_runs, main, read_run
-from memoria_ds.analysis.experiments import ENTRY_BASE_OVERRIDES, EXPERIMENTS, TABLES
+from memoria_ds.repro.collect import collect, find_runs, main, read_run
+from memoria_ds.repro.experiments import ENTRY_BASE_OVERRIDES, EXPERIMENTS, TABLES
 from memoria_ds.eval import EvalResult, paper_protocol
 from memoria_ds.eval.protocols import full_protocol
 from memoria_ds.train.config import RunConfig

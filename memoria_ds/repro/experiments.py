@@ -30,7 +30,7 @@ PRETRAIN = "launch/pretrain.py"
 ENTRY_BASE_OVERRIDES = {FINETUNE: [], PRETRAIN: ["model.from_scratch=true", "optim.lr=2e-4"]}
 
 # Overrides shared by every smoke run: a few steps on CPU, quiet logs, a short evaluation.
-# `{standins}` is replaced by the stand-in data directory (memoria_ds.analysis.standins).
+# `{standins}` is replaced by the stand-in data directory (memoria_ds.repro.standins).
 SMOKE_COMMON = (
     "optim.max_steps=3", "optim.precision=fp32", "log.every=1", "log.tensorboard=false", "log.progress=false",
     "checkpoint.every=0", "eval.max_steps=2",
@@ -54,7 +54,7 @@ class Experiment:
             `segment_length`, `segments`).
         smoke: overrides applied after `overrides` for a smoke run.
         smoke_batch: the global batch of a smoke run.
-        standins: the stand-in data a smoke run needs (memoria_ds.analysis.standins).
+        standins: the stand-in data a smoke run needs (memoria_ds.repro.standins).
     """
 
     id: str

@@ -1,7 +1,7 @@
 """The planner behind launch/repro/table*.sh: which runs a table needs, and their exact commands.
 
-    python -m memoria_ds.analysis.plan --table table5 --topology node --gpus 8 [--print report]
-    python -m memoria_ds.analysis.plan --table table4 --scale smoke --print commands -- optim.lr=1e-4
+    python -m memoria_ds.repro.plan --table table5 --topology node --gpus 8 [--print report]
+    python -m memoria_ds.repro.plan --table table4 --scale smoke --print commands -- optim.lr=1e-4
 
 `--print report` (the launchers' dry run) shows, per run: the command, the resolved
 configuration (every setting that differs from `RunConfig`'s defaults), the per-rank batch,
@@ -10,7 +10,7 @@ the engram state), the steps, and an A100-80GB GPU-hours estimate; then a summar
 `--print commands` (what the launchers execute) prints one `LOG<TAB>COMMAND` line per
 run, shell-quoted, after creating each run directory with a `repro.json` record of what was
 launched; finished runs (a `summary.json`) are skipped unless `--rerun`. At `--scale smoke`
-the planner first writes the stand-in data the smoke runs read (memoria_ds.analysis.standins,
+the planner first writes the stand-in data the smoke runs read (memoria_ds.repro.standins,
 under RUN_ROOT/standins; small local files, written once).
 
 Everything after `--` (and any bare `key=value`) is appended to every training command.
@@ -172,7 +172,7 @@ def report(runs: list[PlannedRun], topology: Topology, *, full_config: bool, gpu
           f"({s.source})\n")
         w(f"  estimate  {c.step_s * 1e3:.1f} ms/step (compute {c.compute_s * 1e3:.1f}, latency {c.latency_s * 1e3:.1f}, "
           f"comms {c.comms_s * 1e3:.1f}) -> {c.hours:,.1f} h wall, {c.gpu_hours:,.1f} GPU-hours on A100 80GB "
-          f"(rough: within about 2x, method in memoria_ds/analysis/cost.py)\n")
+          f"(rough: within about 2x, method in memoria_ds/repro/cost.py)\n")
     total = sum(r.cost.gpu_hours for r in runs)
     hours = sum(r.cost.hours for r in runs)
     w(f"\n{len(runs)} run{'s' if len(runs) != 1 else ''}, {hours:,.1f} h if run one after another, "

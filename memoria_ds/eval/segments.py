@@ -1,0 +1,130 @@
+"""One segment runner: streams in, one model call per segment, the memory carried between them.
+
+    with evaluating(model):
+        for seg in run_segments(model, streams, steps=n, reset=policy, device=dev):
+            seg.step, seg.batch (StreamBatch), seg.logits (B, L, V), seg.output (.memory_stats, ...)
+
+Both evaluations (perplexity.py, sorting.py) read their streams through it; the training loop
+(train/loop.py) calls the same `forward_segment` once per micro-batch slot, with its labels.
+`streams` is anything with `steps_per_epoch` and `batch_at(epoch, step) -> StreamBatch`
+(`TokenStreams` for text, `ExampleStreams` for fixed-length examples): the runner does not
+know which. A row's memory is reset where `reset.reset_mask(batch)` says (a document
+or example start, or a periodic reset), before the model reads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+
+from memoria_ds.data.batch import StreamBatch
+from memoria_ds.data.reset import ResetPolicy
+
+
+class Streams(Protocol):
+    """Segments of B rows, addressable by (epoch, step)."""
+
+    @property
+    def steps_per_epoch(self) -> int: ...
+
+    def batch_at(self, epoch: int, step: int) -> StreamBatch: ...
+
+
+@dataclass
+class Segment:
+    """One segment's model call: its step, the batch (on the model's device), the output."""
+
+    step: int
+    batch: StreamBatch
+    output: Any
+
+    @property
+    def logits(self) -> torch.Tensor:
+        return logits_and_memory(self.output)[0]
+
+
+def forward_segment(model: Any, batch: StreamBatch, memory: Any, reset: torch.Tensor,
+                    labels: torch.Tensor | None = None) -> Any:
+    """One segment through a Contract-2 model: its whole output (`.logits`, `.memory`, `.loss`, ...).
+
+    `labels` are the batch's aligned targets (or a slice of them) when a loss is wanted; they
+    go in as HF's `shift_labels` (already aligned, no further shift).
+    """
+    return model(input_ids=batch.input_ids, shift_labels=labels, memory=memory, reset=reset)
+
+
+def logits_and_memory(out: Any) -> tuple[torch.Tensor, Any]:
+    """(logits (B, L, V), the memory to carry) of a model output (a ModelOutput or a dict)."""
+    logits = out["logits"] if isinstance(out, dict) else out.logits
+    new_memory = out.get("memory") if isinstance(out, dict) else getattr(out, "memory", None)
+    return logits, new_memory
+
+
+def run_segments(
+    model: Any,
+    streams: Streams,
+    *,
+    reset: ResetPolicy,
+    device: torch.device,
+    steps: int | None = None,
+    epoch: int = 0,
+    memory: Any = None,
+    progress: str | None = None,
+) -> Iterator[Segment]:
+    """Feed segments 0..steps-1 of `epoch` through `model`, carrying the memory it returns.
+
+    Args:
+        model: called as `model(input_ids=, shift_labels=None, memory=, reset=)` (Contract 2).
+        streams: where the segments come from (see `Streams`).
+        reset: which rows start with an empty memory at each segment.
+        device: where the batches go.
+        steps: how many segments (default: the whole epoch).
+        epoch: which epoch of the streams.
+        memory: the memory to start from (None: fresh).
+        progress: a progress bar with this label (None: no bar).
+
+    Yields:
+        A `Segment` per step, after the model call; the memory the next segment reads is the
+        one this call returned.
+    """
+    steps = streams.steps_per_epoch if steps is None else steps
+    for step in tqdm(range(steps), desc=progress, disable=progress is None):
+        batch = streams.batch_at(epoch, step).to(device)
+        out = forward_segment(model, batch, memory, reset.reset_mask(batch))
+        memory = logits_and_memory(out)[1]
+        yield Segment(step, batch, out)
+
+
+@contextlib.contextmanager
+def evaluating(model: Any) -> Iterator[None]:
+    """No gradients and eval mode for the duration; the model's training mode is restored after."""
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        if was_training and hasattr(model, "train"):
+            model.train()
+
+
+def dist_coordinates() -> tuple[int, int]:
+    """(rank, world size) of the default process group, (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def model_device(model: Any) -> torch.device:
+    """The device of the model's first parameter (CPU for a parameterless model)."""
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        return torch.device("cpu")

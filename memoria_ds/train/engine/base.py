@@ -1,0 +1,143 @@
+"""What the training loop needs from an engine, and the pieces both engines share.
+
+Gradient accumulation is *unmanaged* (`managed_gradient_accumulation: false`, set by
+`ds_config.resolve_ds_config`): `backward()` only accumulates, and `step()` is the boundary
+(reduction and optimizer update), once per optimizer step whatever the number of
+micro-batches. A non-finite loss is back-propagated as NaN (`guard_loss`), so the step's
+own non-finite check skips the update on every rank together, with no host sync per
+micro-batch and no collective left unmatched.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def linear_warmup_decay(total_steps: int, warmup_ratio: float):
+    """LR multiplier: linear warm-up over `warmup_ratio * total_steps`, then linear decay to 0."""
+    warmup = max(1, int(math.ceil(warmup_ratio * total_steps))) if warmup_ratio > 0 else 0
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
+    return factor
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Trainable parameters; matrices decay, biases and norm gains do not."""
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def guard_loss(loss: torch.Tensor, scored: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss to back-propagate, and whether it was non-finite, without a host sync.
+
+    A finite loss is returned times exactly 1.0 (the same value and gradients, bit for bit).
+    A non-finite one (an infinite loss can have finite gradients) is turned into NaN, so that
+    every gradient it reaches is NaN and the engine's own check at `step()` (DeepSpeed's ZeRO
+    optimizers, `TorchEngine.step`) skips the update. This is how the NaN policy is decided
+    once per optimizer step instead of with a `.item()` per micro-batch. A micro-batch with
+    no scored token (its mean loss is 0/0) is not a bad one: it contributes a zero loss, whose
+    gradients are exact zeros.
+
+    Args:
+        loss: the micro-batch's mean loss (0-dim).
+        scored: the number of scored tokens behind it (0-dim).
+
+    Returns:
+        (loss for backward, 0-dim bool tensor: True if a scored loss was not finite).
+    """
+    has = scored > 0
+    bad = ~torch.isfinite(loss.detach()) & has
+    return torch.where(has, loss * torch.where(bad, float("nan"), 1.0), 0.0), bad
+
+
+class TrainEngine(ABC):
+    """What the training loop needs from an engine."""
+
+    module: nn.Module
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    @abstractmethod
+    def forward(self, *args, **kwargs): ...
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def step(self) -> bool:
+        """Apply the accumulated gradients; False if the update was skipped because they were
+        not finite (their norm is checked once per step; the gradients are then dropped)."""
+
+    @abstractmethod
+    def lr(self) -> float: ...
+
+    @abstractmethod
+    def grad_norm(self) -> float | None: ...
+
+    @abstractmethod
+    def save(self, directory: Path, tag: str, exclude_frozen: bool) -> None:
+        """Write weights, optimizer and scheduler state to `directory/tag` (every rank calls)."""
+
+    @abstractmethod
+    def load(self, directory: Path, tag: str, strict: bool) -> None: ...
+
+    def _optimizer_and_scheduler(self) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def apply_hyperparameters(self, lr: float, weight_decay: float, betas: tuple[float, float],
+                              eps: float) -> dict[str, tuple[Any, Any]]:
+        """Set the configured optimizer settings over a restored optimizer and schedule.
+
+        A resumed run continues the saved Adam moments and the schedule's position, but the
+        settings are the configuration's: a changed `optim.lr` (the peak of the schedule),
+        `weight_decay`, `betas` or `eps` takes effect from the next step instead of being
+        overwritten by the saved values. (The schedule's shape, warm-up and length, is always
+        the configuration's: it is a function, not state.)
+
+        Returns:
+            {name: (saved, now)} for each setting that differed from the checkpoint's.
+        """
+        opt, sched = self._optimizer_and_scheduler()
+        groups = opt.param_groups
+        changed: dict[str, tuple[Any, Any]] = {}
+        saved = {"lr": sched.base_lrs[0], "weight_decay": max(g.get("weight_decay", 0.0) for g in groups),
+                 "betas": tuple(groups[0].get("betas", betas)), "eps": groups[0].get("eps", eps)}
+        now = {"lr": lr, "weight_decay": weight_decay, "betas": tuple(betas), "eps": eps}
+        for key in now:
+            if saved[key] != now[key]:
+                changed[key] = (saved[key], now[key])
+        sched.base_lrs = [lr] * len(sched.base_lrs)
+        # `param_groups` puts the decaying matrices first when there are any (ZeRO-3 keeps the
+        # full shape of a partitioned parameter in `ds_shape`)
+        has_matrices = any(len(getattr(p, "ds_shape", p.shape)) >= 2 for p in self.module.parameters()
+                           if p.requires_grad)
+        for i, (group, fn) in enumerate(zip(groups, sched.lr_lambdas)):
+            group["lr"] = lr * fn(sched.last_epoch)
+            group["weight_decay"] = weight_decay if i == 0 and has_matrices else 0.0
+            if "betas" in group:
+                group["betas"] = tuple(betas)
+            if "eps" in group:
+                group["eps"] = eps
+        sched._last_lr = [g["lr"] for g in groups]
+        return changed
+
+    def train(self) -> None:
+        self.module.train()
+
+    def eval(self) -> None:
+        self.module.eval()

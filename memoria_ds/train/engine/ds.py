@@ -1,0 +1,178 @@
+"""DeepSpeed: the process group, ZeRO-3 construction, the engine, config checks, versions.
+
+Every `import deepspeed` of memoria_ds is in this package (tests/train/test_engine_boundary.py
+checks it); the loop sees a `TrainEngine`. Its checkpoint files are handled in ds_files.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .base import TrainEngine, linear_warmup_decay, param_groups
+
+
+def init_process_group(cuda: bool) -> None:
+    """DeepSpeed's process group: NCCL on GPUs, gloo on CPU."""
+    import deepspeed
+
+    if not cuda:
+        # DeepSpeed compiles a shared-memory comm op on first use (25-65 s on CPU);
+        # gloo does the same job for CPU runs, so mark the op unavailable.
+        deepspeed.ops.__compatible_ops__ = dict(deepspeed.ops.__compatible_ops__, deepspeed_shm_comm=False)
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+
+
+@contextlib.contextmanager
+def zero3_construction(ds_config: dict[str, Any] | None) -> Iterator[None]:
+    """Build the model inside: under ZeRO-3, HF builds / loads it straight into partitions.
+
+    A GPT-2 XL is then never materialised whole on every rank. The HF DeepSpeed config is
+    unset right after, so later model builds (the rank-0 export) do not become collective.
+    Outside ZeRO-3 this does nothing.
+    """
+    if not ds_config or ds_config.get("zero_optimization", {}).get("stage") != 3:
+        yield
+        return
+    from transformers.integrations import HfDeepSpeedConfig
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    hf_ds_config = HfDeepSpeedConfig(ds_config)  # HF reads it through a weak reference while it lives
+    try:
+        yield
+    finally:
+        del hf_ds_config
+        unset_hf_deepspeed_config()
+
+
+def versions() -> dict[str, str]:
+    """The versions a checkpoint records."""
+    import transformers
+
+    out = {"torch": torch.__version__, "transformers": transformers.__version__}
+    try:
+        import deepspeed
+
+        out["deepspeed"] = deepspeed.__version__
+    except ImportError:
+        out["deepspeed"] = "not installed"
+    return out
+
+
+class DeepSpeedEngine(TrainEngine):
+    """A `deepspeed.initialize` engine behind the `TrainEngine` interface."""
+
+    def __init__(self, model: nn.Module, ds_config: dict[str, Any], total_steps: int, warmup_ratio: float,
+                 lr: float, weight_decay: float, betas: tuple[float, float], eps: float) -> None:
+        import deepspeed
+
+        groups = param_groups(model, weight_decay)
+        optimizer = None
+        if "optimizer" not in ds_config:  # no compile needed; fused kernels on CUDA
+            fused = torch.cuda.is_available()
+            optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
+        factor = linear_warmup_decay(total_steps, warmup_ratio)
+        self._engine, *_ = deepspeed.initialize(
+            model=model,
+            model_parameters=groups,
+            optimizer=optimizer,
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor),
+            config=ds_config,
+        )
+        self.module = self._engine.module
+        self.config = ds_config
+
+    @property
+    def zero_stage(self) -> int:
+        return self._engine.zero_optimization_stage()
+
+    def _optimizer_and_scheduler(self) -> tuple[Any, Any]:
+        return self._engine.optimizer, self._engine.lr_scheduler
+
+    def forward(self, *args, **kwargs):
+        return self._engine(*args, **kwargs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self._engine.backward(loss)
+
+    def step(self) -> bool:
+        self._engine.step()
+        return self._engine.was_step_applied()
+
+    def lr(self) -> float:
+        return float(self._engine.get_lr()[0])
+
+    def grad_norm(self) -> float | None:
+        norm = self._engine.get_global_grad_norm()
+        return None if norm is None else float(norm)
+
+    def save(self, directory: Path, tag: str, exclude_frozen: bool) -> None:
+        self._engine.save_checkpoint(str(directory), tag=tag, save_latest=False,
+                                     exclude_frozen_parameters=exclude_frozen)
+
+    def load(self, directory: Path, tag: str, strict: bool) -> None:
+        path, _ = self._engine.load_checkpoint(
+            str(directory), tag=tag, load_module_strict=strict,
+            load_optimizer_states=True, load_lr_scheduler_states=True,
+        )
+        if path is None:
+            raise RuntimeError(f"DeepSpeed could not load the checkpoint at {directory}/{tag}")
+
+
+def check_ds_config(ds_config: dict[str, Any]) -> str:
+    """Validate a resolved DeepSpeed config with DeepSpeed's own config classes.
+
+    `deepspeed.initialize` builds the same `DeepSpeedConfig` (whose sections are pydantic
+    models that refuse unknown keys and wrong types); doing it here stops a bad config
+    before any data or model work. The batch sizes are our own arithmetic
+    (`ds_config.resolve_ds_config`); they are restated for the world size DeepSpeed sees in
+    this process, so a config for N ranks can be checked in a single process.
+
+    Returns:
+        The installed DeepSpeed version.
+
+    Raises:
+        ConfigError: DeepSpeed refuses the config (the message names the key).
+    """
+    import deepspeed
+    import deepspeed.comm as ds_dist
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.utils import logger as ds_logger
+    from pydantic import ValidationError
+
+    from ..typed import ConfigError
+
+    try:
+        seen_world = ds_dist.get_world_size()
+    except (AssertionError, RuntimeError, AttributeError):
+        seen_world = 1
+    probe = dict(ds_config, train_batch_size=ds_config["train_micro_batch_size_per_gpu"]
+                 * ds_config["gradient_accumulation_steps"] * seen_world)
+    level = ds_logger.level
+    ds_logger.setLevel("WARNING")
+    try:
+        DeepSpeedConfig(probe)
+    except ValidationError as e:
+        where = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ConfigError(f"DeepSpeed {deepspeed.__version__} refuses the resolved config ({e.title}: {where}); fix the "
+                          f"DeepSpeed JSON") from None
+    except (ValueError, AssertionError, KeyError, TypeError) as e:
+        raise ConfigError(f"DeepSpeed {deepspeed.__version__} refuses the resolved config: {e}") from None
+    finally:
+        ds_logger.setLevel(level)
+    return deepspeed.__version__
+
+
+def deepspeed_available() -> bool:
+    try:
+        importlib.import_module("deepspeed")
+    except ImportError:
+        return False
+    return os.environ.get("MEMORIA_DS_NO_DEEPSPEED") != "1"
