@@ -327,7 +327,7 @@ def dry_run(a: argparse.Namespace) -> int:
     from memoria_ds.train.config import RunConfig
     from memoria_ds.train.ds_config import read_ds_config, resolve_ds_config
     from memoria_ds.train.engine import check_ds_config
-    from memoria_ds.train.typed import load
+    from memoria_ds.train.parse import load
 
     s = SCALES["tiny" if a.tiny else "gpu"]
     plans = []

@@ -41,7 +41,7 @@ def traced_evaluation(run_dir: Path, out: Path, split: str, protocol: str = "pap
     from ..model import MemoriaGPT2LMHeadModel
     from ..train.build import load_corpora
     from ..train.config import RunConfig
-    from ..train.typed import load
+    from ..train.parse import load
 
     cfg = load(RunConfig, run_dir / "config.yaml")
     if cfg.data.corpus == "sorting":

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 from ..eval.result import EvalResult, read_results
 from ..train.config import RunConfig
-from ..train.typed import ConfigError, load
+from ..train.parse import ConfigError, load
 from .experiments import ENTRY_BASE_OVERRIDES, EXPERIMENTS, TABLES, Cell, Table
 
 _EVAL_FILE = re.compile(r"^step_(\d{8})_(\w+)\.json$")

@@ -34,7 +34,7 @@ import yaml
 
 from ..train.cli import parse as parse_training_args
 from ..train.config import RunConfig
-from ..train.typed import ConfigError, to_dict
+from ..train.parse import ConfigError, to_dict
 from . import footprint as fp
 from .cost import Cost, Schedule, estimate_cost, schedule
 from .experiments import ENTRY_BASE_OVERRIDES, FILTERS, SMOKE_COMMON, TABLES, Experiment, select

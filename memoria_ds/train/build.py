@@ -12,7 +12,7 @@ from ..data import TokenCorpus, input_length_for, local_documents, prepare_corpu
 from ..model import MemoriaGPT2Config, apply_lora, build_model
 from . import distributed as dist_utils
 from .config import DataSection, LoraSection, ModelSection, RunConfig
-from .typed import ConfigError
+from .parse import ConfigError
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

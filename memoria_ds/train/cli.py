@@ -19,7 +19,7 @@ from .config import RunConfig
 from .run_lock import RunDirInUse
 from .run_lock import probe as probe_run_dir
 from .sources import check_sources
-from .typed import ConfigError, load
+from .parse import ConfigError, load
 
 
 def parse(argv: list[str] | None, description: str, base_overrides: list[str]) -> RunConfig:

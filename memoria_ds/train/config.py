@@ -3,9 +3,11 @@
     python launch/finetune.py --config configs/x.yaml optim.lr=3e-5 model.preset=xl
 
 Sections: `model`, `lora`, `data`, `optim`, `checkpoint`, `log`, `eval`, plus the run's
-directory, seed, engine and DeepSpeed JSON. Unknown keys and wrong types are errors
-(`typed.py`); cross-field checks are in `__post_init__`. The resolved configuration is
-written to `<run_dir>/config.yaml` at the start of every run.
+directory, seed, engine and DeepSpeed JSON. Each section is a pydantic model: typed and
+strict (no silent coercion: `2.5` is not an integer, `1` is not `true`), unknown keys refused
+at every level, cross-field checks in an `after` validator; parse.py reads files and
+overrides and turns pydantic's errors into one line. The resolved configuration is written
+to `<run_dir>/config.yaml` at the start of every run.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from __future__ import annotations
 import difflib
 import functools
 import math
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from ..data.corpora import CORPORA
 from ..data.reset import ResetPolicy
@@ -24,6 +27,25 @@ from ..model.config import MemoriaGPT2Config, position_banks, resolve_preset
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
 
+def _number(value: Any) -> Any:
+    """YAML 1.1 (PyYAML) reads `3e-5` (no dot) as a string; users write it that way."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_number)]  # a float; an int widens to it
+
+
+class Section(BaseModel):
+    """A configuration section: strict types, unknown keys refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
 @functools.cache
 def _model_fields() -> frozenset[str]:
     """Every key `model.settings` may hold: the fields of MemoriaGPT2Config (GPT-2's included)."""
@@ -31,8 +53,7 @@ def _model_fields() -> frozenset[str]:
                                                         "model_type"}
 
 
-@dataclass
-class ModelSection:
+class ModelSection(Section):
     """Which model to build.
 
     Args:
@@ -52,11 +73,12 @@ class ModelSection:
     backbone: str = "gpt2"
     from_scratch: bool = False
     preset: str = "memoria"
-    settings: dict = field(default_factory=dict)
+    settings: dict = Field(default_factory=dict)
     gradient_checkpointing: bool = False
     attn_implementation: str = "sdpa"
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def check(self):
         # the preset and the memory settings fail here, before any data or model work
         unknown = sorted(set(self.settings) - _model_fields())
         if unknown:
@@ -69,26 +91,30 @@ class ModelSection:
                              f"({self.settings['n_embd']})")
         values = resolve_preset(self.preset, **self.settings)  # unknown preset: ValueError naming the known ones
         if values.get("memoria"):
-            MemoriaConfig.from_dict(values["memoria"])
+            try:
+                MemoriaConfig.from_dict(values["memoria"])
+            except TypeError as e:  # a value of the wrong type reached a comparison
+                raise ValueError(f"`model.settings.memoria`: {e}") from None
+        return self
 
 
-@dataclass
-class LoraSection:
+class LoraSection(Section):
     """peft LoRA on the backbone's Conv1D projections; the Memoria modules stay fully trained."""
 
     enabled: bool = False
     r: int = 8
     alpha: int = 16
-    dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: ["c_attn", "c_proj", "c_fc"])
+    dropout: Number = 0.0
+    target_modules: list[str] = Field(default_factory=lambda: ["c_attn", "c_proj", "c_fc"])
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def check(self):
         if self.r < 1:
             raise ValueError(f"`lora.r` ({self.r}) must be at least 1")
+        return self
 
 
-@dataclass
-class DataSection:
+class DataSection(Section):
     """The corpus, its streams and the memory reset policy.
 
     Args:
@@ -118,7 +144,7 @@ class DataSection:
 
     corpus: str = "bundled"
     path: str | None = None
-    files: dict = field(default_factory=dict)
+    files: dict = Field(default_factory=dict)
     text_field: str = "text"
     tokenizer: str | None = None
     append_eos: bool | None = None
@@ -126,12 +152,13 @@ class DataSection:
     tail: Literal["drop", "pad"] = "drop"
     shuffle_documents: bool = False
     reset: str = "every:500"
-    loader: dict = field(default_factory=dict)
+    loader: dict = Field(default_factory=dict)
     num_proc: int | None = None
-    sorting: dict = field(default_factory=lambda: {"num_segments": 4, "num_train": 80_000, "num_validation": 1_000,
+    sorting: dict = Field(default_factory=lambda: {"num_segments": 4, "num_train": 80_000, "num_validation": 1_000,
                                                      "num_test": 1_000, "seed": 0})
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def check(self):
         corpora = sorted(CORPORA) + ["files", "sorting"]
         if self.corpus not in corpora:
             raise ValueError(
@@ -147,6 +174,7 @@ class DataSection:
         ResetPolicy.parse(self.reset)  # fails early with the list of valid forms
         if self.corpus == "files" and not self.files:
             raise ValueError("`data.corpus: files` needs `data.files`, e.g. {train: [a.txt], validation: [b.txt]}")
+        return self
 
     @property
     def reset_policy(self) -> ResetPolicy:
@@ -161,8 +189,7 @@ class DataSection:
                 **self.sorting}
 
 
-@dataclass
-class OptimSection:
+class OptimSection(Section):
     """Optimiser, schedule, batch and precision.
 
     Streams: every data-parallel rank owns `micro_batch_size * grad_accum` token streams;
@@ -185,12 +212,12 @@ class OptimSection:
             (stop with an error; the last good checkpoint is kept).
     """
 
-    lr: float = 5e-5
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    warmup_ratio: float = 0.06
-    grad_clip: float = 1.0
+    lr: Number = 5e-5
+    weight_decay: Number = 0.0
+    betas: list[Number] = Field(default_factory=lambda: [0.9, 0.999])
+    eps: Number = 1e-8
+    warmup_ratio: Number = 0.06
+    grad_clip: Number = 1.0
     micro_batch_size: int = 8
     grad_accum: int = 1
     epochs: int = 3
@@ -198,7 +225,8 @@ class OptimSection:
     precision: Precision = "auto"
     nan_policy: Literal["skip", "stop"] = "skip"
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def check(self):
         for name in ("lr", "weight_decay", "eps", "grad_clip", "warmup_ratio"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"`optim.{name}` ({getattr(self, name)}) must be a finite number")
@@ -216,10 +244,10 @@ class OptimSection:
             raise ValueError(f"`optim.betas` must be two numbers in [0, 1), got {self.betas}")
         if self.grad_clip < 0:
             raise ValueError(f"`optim.grad_clip` ({self.grad_clip}) must be >= 0")
+        return self
 
 
-@dataclass
-class CheckpointSection:
+class CheckpointSection(Section):
     """When and what to save.
 
     Args:
@@ -244,20 +272,21 @@ class CheckpointSection:
     resume: str | None = "auto"
     export: bool = True
     merge_lora: bool = True
-    max_abs: float = 1e6
-    max_weight_growth: float = 100.0
+    max_abs: Number = 1e6
+    max_weight_growth: Number = 100.0
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def check(self):
         if self.every < 0 or self.keep_last < 1:
             raise ValueError("`checkpoint.every` must be >= 0 and `checkpoint.keep_last` >= 1")
         for key in ("max_abs", "max_weight_growth"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"`checkpoint.{key}` ({getattr(self, key)}) must be a positive number "
                                  f"(.inf: finiteness only)")
+        return self
 
 
-@dataclass
-class LogSection:
+class LogSection(Section):
     """Logging: a record every `every` optimiser steps (and at the end) to `metrics.jsonl`;
     the same scalars to TensorBoard and, opt-in, to Weights & Biases; a progress bar.
 
@@ -276,7 +305,8 @@ class LogSection:
     wandb_project: str = "memoria_ds"
     wandb_mode: Literal["online", "offline"] | None = None
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def check(self):
         if self.every < 1:
             raise ValueError(f"`log.every` ({self.every}) must be at least 1")
         if self.wandb:
@@ -285,10 +315,10 @@ class LogSection:
             if importlib.util.find_spec("wandb") is None:
                 raise ValueError("`log.wandb=true` needs the wandb package: pip install wandb (or "
                                  "memoria_ds[wandb]), or set log.wandb=false")
+        return self
 
 
-@dataclass
-class EvalSection:
+class EvalSection(Section):
     """Evaluation during and after training (memoria_ds.eval protocols).
 
     Args:
@@ -308,14 +338,15 @@ class EvalSection:
 
     every: int = 0
     split: str = "validation"
-    protocols: list[str] = field(default_factory=lambda: ["full"])
+    protocols: list[str] = Field(default_factory=lambda: ["full"])
     num_streams: int = 0
     reset: str = "never"
     max_steps: int | None = None
     at_end: bool = True
     trace: bool = False
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def check(self):
         bad = [p for p in self.protocols if p not in ("full", "paper")]
         if bad:
             raise ValueError(f"unknown eval protocol(s) {bad}; use `full` and/or `paper`")
@@ -325,10 +356,10 @@ class EvalSection:
                              f"(0: only at the end / one stream per rank)")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"`eval.max_steps` ({self.max_steps}) must be at least 1, or null")
+        return self
 
 
-@dataclass
-class RunConfig:
+class RunConfig(Section):
     """A whole training run.
 
     Args:
@@ -343,15 +374,16 @@ class RunConfig:
     seed: int = 1234
     engine: Literal["deepspeed", "torch"] = "deepspeed"
     deepspeed: str = "ds_configs/cpu.json"
-    model: ModelSection = field(default_factory=ModelSection)
-    lora: LoraSection = field(default_factory=LoraSection)
-    data: DataSection = field(default_factory=DataSection)
-    optim: OptimSection = field(default_factory=OptimSection)
-    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
-    log: LogSection = field(default_factory=LogSection)
-    eval: EvalSection = field(default_factory=EvalSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    lora: LoraSection = Field(default_factory=LoraSection)
+    data: DataSection = Field(default_factory=DataSection)
+    optim: OptimSection = Field(default_factory=OptimSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    log: LogSection = Field(default_factory=LogSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def check(self):
         # a from-scratch model gets GPT-2's 1024 positions unless told otherwise; every segment
         # restarts at position 0 (the memory models included), so a segment must fit
         positions = self.model.settings.get("n_positions", 1024)
@@ -365,6 +397,7 @@ class RunConfig:
                              f"raise n_positions or shorten segments")
         if self.lora.enabled and self.model.from_scratch:
             raise ValueError("LoRA adapts a pretrained backbone: set `lora.enabled: false` for `model.from_scratch`")
+        return self
 
 
 def describe(cfg: RunConfig) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import OptimSection
-from .typed import ConfigError
+from .parse import ConfigError
 
 
 def read_ds_config(path: str | Path) -> dict[str, Any]:

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from .config import RunConfig
 from .sources import check_sources
-from .typed import ConfigError, load
+from .parse import ConfigError, load
 
 
 def resolve_model(model: str) -> tuple[str, Path | None]:
@@ -61,7 +60,8 @@ def parse(argv: list[str] | None) -> tuple[RunConfig, str, Path | None, Path]:
     cfg = load(RunConfig, config, list(a.overrides))
     out = Path(a.out) if a.out else (run_dir / "eval" if run_dir is not None else Path("eval_results"))
     # the data (and, for a hub id, the model) must be reachable before anything is loaded
-    check_sources(replace(cfg, model=replace(cfg.model, backbone=source, from_scratch=False)))
+    scored = cfg.model.model_copy(update={"backbone": source, "from_scratch": False})
+    check_sources(cfg.model_copy(update={"model": scored}))
     return cfg, source, run_dir, out
 
 

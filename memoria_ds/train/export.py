@@ -143,9 +143,7 @@ def export_hf(
 
 def build_run_model_plain(cfg: RunConfig, vocab: int) -> nn.Module:
     """The run's model without LoRA (the base for a non-merged adapter export)."""
-    from dataclasses import replace
-
-    plain = replace(cfg, lora=replace(cfg.lora, enabled=False))
+    plain = cfg.model_copy(update={"lora": cfg.lora.model_copy(update={"enabled": False})})
     return build_run_model(plain, vocab).to("cpu")
 
 

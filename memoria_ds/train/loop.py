@@ -39,7 +39,7 @@ from .resume import (check_compatible, choose_checkpoint, describe_resume, ensur
                      set_aside_newer)
 from .run_lock import RunDirInUse, RunLock
 from .shards import make_shard, restore_memories, seed_everything, set_rng_state
-from .typed import ConfigError, dump, to_dict
+from .parse import ConfigError, dump, to_dict
 
 
 class NonFiniteLoss(RuntimeError):
@@ -185,14 +185,10 @@ class Trainer:
         return ds
 
     def _build_engine(self, model) -> TrainEngine:
-        cfg, o = self.cfg, self.cfg.optim
-        common = dict(total_steps=self.update_steps, warmup_ratio=o.warmup_ratio, lr=o.lr,
-                      weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps)
-        if cfg.engine == "torch":
-            return TorchEngine(model, self.device, grad_clip=o.grad_clip, grad_accum=o.grad_accum,
-                               precision=self.precision, **common)
+        if self.cfg.engine == "torch":
+            return TorchEngine(model, self.device, self.cfg.optim, self.update_steps, self.precision)
         model.to(self.device)
-        return DeepSpeedEngine(model, self.ds_config, **common)
+        return DeepSpeedEngine(model, self.ds_config, self.cfg.optim, self.update_steps)
 
     def _resume(self, ckpt: CheckpointInfo) -> None:
         info = self.info
@@ -207,8 +203,7 @@ class Trainer:
             tag = ensure_universal(ckpt, info.rank)
             self.engine.load(ckpt.path, tag, strict=not self.lora)
             shards = load_all_shards(ckpt)
-        o = self.cfg.optim
-        for name, (was, now) in self.engine.apply_hyperparameters(o.lr, o.weight_decay, tuple(o.betas), o.eps).items():
+        for name, (was, now) in self.engine.apply_hyperparameters(self.cfg.optim).items():
             self.log(f"resume: optim.{name} changed since the checkpoint ({was} -> {now}): applied from step "
                      f"{ckpt.step + 1}, over the restored optimizer state and schedule position")
         mine = shards[0] if same else next(s for s in shards if s["rank"] == 0)

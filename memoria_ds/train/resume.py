@@ -27,7 +27,7 @@ from . import distributed as dist_utils
 from .checkpoint import ENGINE_TAG, CheckpointError, CheckpointInfo, find_latest, list_checkpoints, step_of, validate
 from .config import RunConfig
 from .engine import to_universal
-from .typed import to_dict
+from .parse import to_dict
 
 UNIVERSAL_TAG = "engine_universal"
 

@@ -17,7 +17,7 @@ from ..data.corpora import PG19_HUB, WIKITEXT_HUB
 from ..data.enwik8 import ENWIK8_HUB
 from .build import GPT2_SHAPES
 from .config import RunConfig
-from .typed import ConfigError
+from .parse import ConfigError
 
 # The hub repositories behind each named corpus.
 CORPUS_REPOS = {"wikitext103": WIKITEXT_HUB, "pg19": PG19_HUB, "enwik8": ENWIK8_HUB}

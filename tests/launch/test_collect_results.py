@@ -17,7 +17,7 @@ from memoria_ds.repro.experiments import ENTRY_BASE_OVERRIDES, EXPERIMENTS, TABL
 from memoria_ds.eval import EvalResult, paper_protocol
 from memoria_ds.eval.protocols import full_protocol
 from memoria_ds.train.config import RunConfig
-from memoria_ds.train.typed import dump, load
+from memoria_ds.train.parse import dump, load
 
 N = 1000  # scored tokens of every fixture result
 

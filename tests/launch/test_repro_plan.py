@@ -20,7 +20,7 @@ from memoria_ds.repro.topology import Topology, split_batch
 from memoria_ds.memory import MemoriaConfig, MemoryState
 from memoria_ds.train.cli import parse as parse_training_args
 from memoria_ds.train.config import RunConfig
-from memoria_ds.train.typed import load
+from memoria_ds.train.parse import load
 
 from repro_helpers import ROOT, check, run
 

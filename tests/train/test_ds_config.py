@@ -9,7 +9,7 @@ from deepspeed.runtime.config import DeepSpeedConfig
 from memoria_ds.train.config import OptimSection
 from memoria_ds.train.ds_config import read_ds_config, resolve_ds_config
 from memoria_ds.train.engine import check_ds_config
-from memoria_ds.train.typed import ConfigError
+from memoria_ds.train.parse import ConfigError
 
 DS_DIR = Path(__file__).resolve().parents[2] / "ds_configs"
 OPTIM = OptimSection(micro_batch_size=2, grad_accum=3, grad_clip=1.0, lr=5e-5, weight_decay=0.01,

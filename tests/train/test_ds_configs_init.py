@@ -35,8 +35,7 @@ def _engine(name: str, precision: str) -> DeepSpeedEngine:
     ds = resolve_ds_config(read_ds_config(DS_DIR / name), optim, world_size=info.world_size, precision=precision,
                            device_type="cpu")
     check_ds_config(ds)
-    return DeepSpeedEngine(model, ds, total_steps=4, warmup_ratio=0.0, lr=1e-2, weight_decay=0.0,
-                           betas=(0.9, 0.999), eps=1e-8)
+    return DeepSpeedEngine(model, ds, optim.model_copy(update={"warmup_ratio": 0.0}), total_steps=4)
 
 
 def _micro_losses(engine, x, y, poison: int | None = None):

@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 from memoria_ds.train.config import RunConfig
 from memoria_ds.train.distributed import init_distributed
 from memoria_ds.train.loop import Trainer
-from memoria_ds.train.typed import load
+from memoria_ds.train.parse import load
 
 from .launch_util import TINY
 

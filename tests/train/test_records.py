@@ -36,25 +36,26 @@ def test_seed_everything_seeds_python_numpy_and_torch():
 
 def test_changed_optimizer_settings_are_applied_over_a_restored_state():
     """The settings of the configuration win over the checkpoint's, at the schedule's position."""
+    from memoria_ds.train.config import OptimSection
     from memoria_ds.train.engine import TorchEngine
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    old = TorchEngine(model, torch.device("cpu"), total_steps=10, warmup_ratio=0.0, lr=1e-3, weight_decay=0.0,
-                      betas=(0.9, 0.999), eps=1e-8, grad_clip=1.0, grad_accum=1, precision="fp32")
+    saved = OptimSection(lr=1e-3, weight_decay=0.0, betas=[0.9, 0.999], eps=1e-8, warmup_ratio=0.0)
+    old = TorchEngine(model, torch.device("cpu"), saved, total_steps=10, precision="fp32")
     for _ in range(3):
         model(torch.randn(2, 4)).sum().backward()
         old.step()
     state = {"optimizer": old.optimizer.state_dict(), "scheduler": old.scheduler.state_dict()}
-    new = TorchEngine(model, torch.device("cpu"), total_steps=10, warmup_ratio=0.0, lr=5e-4, weight_decay=0.1,
-                      betas=(0.8, 0.99), eps=1e-6, grad_clip=1.0, grad_accum=1, precision="fp32")
+    now = OptimSection(lr=5e-4, weight_decay=0.1, betas=[0.8, 0.99], eps=1e-6, warmup_ratio=0.0)
+    new = TorchEngine(model, torch.device("cpu"), now, total_steps=10, precision="fp32")
     new.optimizer.load_state_dict(state["optimizer"])
     new.scheduler.load_state_dict(state["scheduler"])
-    changed = new.apply_hyperparameters(5e-4, 0.1, (0.8, 0.99), 1e-6)
+    changed = new.apply_hyperparameters(now)
     assert changed == {"lr": (1e-3, 5e-4), "weight_decay": (0.0, 0.1), "betas": ((0.9, 0.999), (0.8, 0.99)),
                        "eps": (1e-8, 1e-6)}
     decay, no_decay = new.optimizer.param_groups  # matrices first (`param_groups`)
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
     assert all(g["betas"] == (0.8, 0.99) and g["eps"] == 1e-6 for g in (decay, no_decay))
     assert new.lr() == decay["lr"] == 5e-4 * 7 / 10  # step 3 of a 10-step linear decay, new peak
-    assert new.apply_hyperparameters(5e-4, 0.1, (0.8, 0.99), 1e-6) == {}
+    assert new.apply_hyperparameters(now) == {}

@@ -3,7 +3,7 @@
 import pytest
 
 from memoria_ds.train.config import RunConfig
-from memoria_ds.train.typed import ConfigError, load
+from memoria_ds.train.parse import ConfigError, load
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ import pytest
 from memoria_ds.train.config import RunConfig
 from memoria_ds.train.distributed import init_distributed
 from memoria_ds.train.loop import Trainer
-from memoria_ds.train.typed import load
+from memoria_ds.train.parse import load
 
 SETTINGS = ("{n_layer: 2, n_embd: 32, n_head: 2, n_positions: 32, resid_pdrop: 0.0, embd_pdrop: 0.0, "
             "attn_pdrop: 0.0, memory_init: random, memoria: {num_wm: 4, num_stm_reminded: 4, num_ltm_reminded: 4, "

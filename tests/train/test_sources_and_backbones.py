@@ -13,7 +13,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from memoria_ds.train import sources
 from memoria_ds.train.config import RunConfig
-from memoria_ds.train.typed import ConfigError, load
+from memoria_ds.train.parse import ConfigError, load
 
 from .launch_util import ROOT, check, metrics, run_training
 

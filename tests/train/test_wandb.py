@@ -52,7 +52,7 @@ def test_wandb_without_the_package_is_a_configuration_error(monkeypatch):
     import pytest
 
     from memoria_ds.train.config import RunConfig
-    from memoria_ds.train.typed import ConfigError, load
+    from memoria_ds.train.parse import ConfigError, load
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))

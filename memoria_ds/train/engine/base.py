@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config import OptimSection
+
 
 def linear_warmup_decay(total_steps: int, warmup_ratio: float):
     """LR multiplier: linear warm-up over `warmup_ratio * total_steps`, then linear decay to 0."""
@@ -99,8 +101,7 @@ class TrainEngine(ABC):
     def _optimizer_and_scheduler(self) -> tuple[Any, Any]:
         raise NotImplementedError
 
-    def apply_hyperparameters(self, lr: float, weight_decay: float, betas: tuple[float, float],
-                              eps: float) -> dict[str, tuple[Any, Any]]:
+    def apply_hyperparameters(self, optim: OptimSection) -> dict[str, tuple[Any, Any]]:
         """Set the configured optimizer settings over a restored optimizer and schedule.
 
         A resumed run continues the saved Adam moments and the schedule's position, but the
@@ -112,6 +113,7 @@ class TrainEngine(ABC):
         Returns:
             {name: (saved, now)} for each setting that differed from the checkpoint's.
         """
+        lr, weight_decay, betas, eps = optim.lr, optim.weight_decay, tuple(optim.betas), optim.eps
         opt, sched = self._optimizer_and_scheduler()
         groups = opt.param_groups
         changed: dict[str, tuple[Any, Any]] = {}

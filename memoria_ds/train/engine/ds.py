@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config import OptimSection
 from .base import TrainEngine, linear_warmup_decay, param_groups
 
 
@@ -69,16 +70,17 @@ def versions() -> dict[str, str]:
 class DeepSpeedEngine(TrainEngine):
     """A `deepspeed.initialize` engine behind the `TrainEngine` interface."""
 
-    def __init__(self, model: nn.Module, ds_config: dict[str, Any], total_steps: int, warmup_ratio: float,
-                 lr: float, weight_decay: float, betas: tuple[float, float], eps: float) -> None:
+    def __init__(self, model: nn.Module, ds_config: dict[str, Any], optim: OptimSection, total_steps: int) -> None:
+        """`ds_config` is the resolved DeepSpeed config (batch, clipping, precision, ZeRO); `optim`
+        gives the optimizer and schedule; `total_steps` is the schedule's length in updates."""
         import deepspeed
 
-        groups = param_groups(model, weight_decay)
+        groups = param_groups(model, optim.weight_decay)
         optimizer = None
         if "optimizer" not in ds_config:  # no compile needed; fused kernels on CUDA
             fused = torch.cuda.is_available()
-            optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
-        factor = linear_warmup_decay(total_steps, warmup_ratio)
+            optimizer = torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, fused=fused)
+        factor = linear_warmup_decay(total_steps, optim.warmup_ratio)
         self._engine, *_ = deepspeed.initialize(
             model=model,
             model_parameters=groups,
@@ -147,7 +149,7 @@ def check_ds_config(ds_config: dict[str, Any]) -> str:
     from deepspeed.utils import logger as ds_logger
     from pydantic import ValidationError
 
-    from ..typed import ConfigError
+    from ..parse import ConfigError
 
     try:
         seen_world = ds_dist.get_world_size()

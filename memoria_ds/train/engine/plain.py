@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ...safe_io import load_tree, save_tree
+from ..config import OptimSection
 from .base import TrainEngine, linear_warmup_decay, param_groups
 
 ENGINE_FILE = "engine.safetensors"  # the plain engine's state (weights, optimizer, schedule): no pickle
@@ -22,16 +23,19 @@ ENGINE_FILE = "engine.safetensors"  # the plain engine's state (weights, optimiz
 class TorchEngine(TrainEngine):
     """Plain PyTorch on one process: AdamW, the same schedule and clipping, bf16 autocast."""
 
-    def __init__(self, model: nn.Module, device: torch.device, total_steps: int, warmup_ratio: float, lr: float,
-                 weight_decay: float, betas: tuple[float, float], eps: float, grad_clip: float, grad_accum: int,
+    def __init__(self, model: nn.Module, device: torch.device, optim: OptimSection, total_steps: int,
                  precision: str) -> None:
+        """`optim` gives the optimizer, schedule, clipping and accumulation; `total_steps` is the
+        schedule's length in optimizer updates; `precision` the resolved `fp32` or `bf16`."""
         if precision == "fp16":
             raise ValueError("the plain-PyTorch engine supports fp32 and bf16; use DeepSpeed for fp16")
         self.module = model.to(device)
         self.device = device
-        self.optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, linear_warmup_decay(total_steps, warmup_ratio))
-        self.grad_clip, self.grad_accum = grad_clip, grad_accum
+        self.optimizer = torch.optim.AdamW(param_groups(model, optim.weight_decay), lr=optim.lr,
+                                           betas=tuple(optim.betas), eps=optim.eps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
+                                                           linear_warmup_decay(total_steps, optim.warmup_ratio))
+        self.grad_clip, self.grad_accum = optim.grad_clip, optim.grad_accum
         self.autocast = precision == "bf16"
         self._norm: float | None = None
 

@@ -1,31 +1,32 @@
-"""Typed configs: files, dotted overrides, unknown keys and wrong types are errors."""
+"""Configs by pydantic (parse.py): files, dotted overrides, unknown keys and wrong types are errors."""
 
-from dataclasses import dataclass, field
 from typing import Literal
 
 import pytest
+from pydantic import Field, model_validator
 
-from memoria_ds.train.typed import ConfigError, apply_overrides, dump, from_dict, load, to_dict
+from memoria_ds.train.config import Number, RunConfig, Section
+from memoria_ds.train.parse import ConfigError, apply_overrides, dump, load, to_dict, validate
 
 
-@dataclass
-class Inner:
-    lr: float = 1e-4
+class Inner(Section):
+    lr: Number = 1e-4
     steps: int = 10
     kind: Literal["a", "b"] = "a"
     name: str | None = None
 
 
-@dataclass
-class Outer:
-    inner: Inner = field(default_factory=Inner)
+class Outer(Section):
+    inner: Inner = Field(default_factory=Inner)
     flag: bool = False
-    extra: dict = field(default_factory=dict)
-    tags: list[str] = field(default_factory=list)
+    extra: dict = Field(default_factory=dict)
+    tags: list[str] = Field(default_factory=list)
 
-    def __post_init__(self):
+    @model_validator(mode="after")
+    def check(self):
         if self.inner.steps < 0:
             raise ValueError("steps must be >= 0")
+        return self
 
 
 def test_file_then_overrides(tmp_path):
@@ -52,9 +53,10 @@ def test_scientific_notation_without_a_dot_is_a_number():
 
 
 def test_int_widens_to_float_but_not_the_other_way():
-    assert from_dict(Outer, {"inner": {"lr": 1}}).inner.lr == 1.0
-    with pytest.raises(ConfigError, match=r"`inner.steps` must be an integer"):
-        from_dict(Outer, {"inner": {"steps": 2.5}})
+    assert validate(Outer, {"inner": {"lr": 1}}).inner.lr == 1.0
+    for value in (2.5, 2.0, "2", True):  # strict: nothing is coerced into an integer
+        with pytest.raises(ConfigError, match=r"`inner.steps` must be an integer"):
+            validate(Outer, {"inner": {"steps": value}})
 
 
 @pytest.mark.parametrize(
@@ -68,6 +70,9 @@ def test_int_widens_to_float_but_not_the_other_way():
         (["inner.steps=-1"], r"steps must be >= 0"),
         (["inner"], r"must look like `section.key=value`"),
         (["flag.x=1"], r"`flag` must be true or false, got \{'x': 1\}"),
+        (["inner=3"], r"`inner` must be a mapping of settings, got 3"),
+        (["tags=x"], r"`tags` must be a list, got 'x'"),
+        (["inner.name=5"], r"`inner.name` must be a string, got 5"),
     ],
 )
 def test_errors_name_the_problem(overrides, message):
@@ -110,3 +115,28 @@ def test_pretrain_keeps_the_users_learning_rate(tmp_path):
     cfg = parse(["--config", str(p)], "pretrain", base)
     assert cfg.optim.lr == 1e-3 and cfg.model.from_scratch is True
     assert parse([], "pretrain", base).optim.lr == 2e-4
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["optim.lrr=1"], r"unknown setting\(s\) \['optim.lrr'\]; known under `optim`: \['betas', 'epochs'"),
+        (["model.bogus=1"], r"unknown setting\(s\) \['model.bogus'\]; known under `model`"),
+        (["eval.trace=1"], r"`eval.trace` must be true or false, got 1"),
+        (["optim.precision=fp8"], r"`optim.precision` must be one of \['auto', 'fp32', 'bf16', 'fp16'\], got 'fp8'"),
+        (["optim.betas=[0.9, x]"], r"`optim.betas.1` must be a number, got 'x'"),
+        (["data.segment_length=64.5"], r"`data.segment_length` must be an integer, got 64.5"),
+        (["model.settings.memoria={num_wm: x}"], r"`num_wm` must be an integer, got 'x'"),
+    ],
+)
+def test_every_section_of_the_run_config_refuses_what_it_cannot_use(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load(RunConfig, None, overrides)
+
+
+def test_run_config_round_trips_through_its_yaml(tmp_path):
+    cfg = load(RunConfig, None, ["optim.lr=3e-5", "model.preset=xl", "data.sorting={num_segments: 8}",
+                                 "optim.betas=[0.9, 0.95]"])
+    dump(cfg, tmp_path / "config.yaml")
+    again = load(RunConfig, tmp_path / "config.yaml")
+    assert again == cfg and again.optim.lr == 3e-5 and again.optim.betas == [0.9, 0.95]
