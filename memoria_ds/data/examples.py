@@ -86,7 +86,7 @@ class ExampleStreams(EpochCursor):
         self.rank, self.world_size = rank, world_size
         self.shuffle, self.seed, self.drop_last, self.pad_id = shuffle, seed, drop_last, pad_id
         per = batch_size // world_size
-        self.row_ids = range(rank * per, (rank + 1) * per)
+        self.stream_ids = range(rank * per, (rank + 1) * per)
         first_inputs, first_targets = self.transform(dataset[0])
         self.example_length = len(first_inputs)
         self.segments_per_example = math.ceil(self.example_length / segment_length)
@@ -117,11 +117,11 @@ class ExampleStreams(EpochCursor):
             return self._cache[1]
         order = self._order(epoch)
         width = self.segments_per_example * self.segment_length
-        rows = len(self.row_ids)
+        rows = len(self.stream_ids)
         inputs = np.full((rows, width), self.pad_id, dtype=np.int64)
         targets = np.full((rows, width), IGNORE_INDEX, dtype=np.int64)
         real = np.zeros(rows, dtype=bool)
-        for r, slot in enumerate(self.row_ids):
+        for r, slot in enumerate(self.stream_ids):
             j = batch * self.batch_size + slot
             if j >= len(order):
                 continue
@@ -159,16 +159,16 @@ class ExampleStreams(EpochCursor):
         inputs, targets, real = self._rows(epoch, batch)
         cols = slice(k * self.segment_length, (k + 1) * self.segment_length)
         valid = np.clip(self.example_length - k * self.segment_length, 0, self.segment_length)
-        mask = np.zeros((len(self.row_ids), self.segment_length), dtype=np.int64)
+        mask = np.zeros((len(self.stream_ids), self.segment_length), dtype=np.int64)
         mask[real, :valid] = 1
-        b = len(self.row_ids)
+        b = len(self.stream_ids)
         return StreamBatch(
             input_ids=torch.from_numpy(inputs[:, cols].copy()),
             targets=torch.from_numpy(targets[:, cols].copy()),
             attention_mask=torch.from_numpy(mask),
             doc_start=torch.full((b,), k == 0, dtype=torch.bool),
             doc_start_pos=torch.full((b,), 0 if k == 0 else -1, dtype=torch.int64),
-            stream_ids=torch.tensor(list(self.row_ids), dtype=torch.int64),
+            stream_ids=torch.tensor(list(self.stream_ids), dtype=torch.int64),
             epoch=epoch,
             step=step,
             global_step=epoch * self.steps_per_epoch + step,

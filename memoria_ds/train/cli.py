@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .checkpoint import CheckpointError
+from .checkpoints import CheckpointError
 from .config import RunConfig
 from .run_lock import RunDirInUse
 from .run_lock import probe as probe_run_dir

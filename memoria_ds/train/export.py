@@ -30,7 +30,7 @@ from ..model.remote_code import add_remote_code
 from ..safe_io import load_tree
 from . import distributed as dist_utils
 from .build import build_run_model, unwrap
-from .checkpoint import ENGINE_TAG
+from .checkpoints import ENGINE_TAG
 from .engine import ENGINE_FILE, fp32_master, gathered, zero_fp32_state_dict
 from .config import RunConfig
 from .model_card import model_card

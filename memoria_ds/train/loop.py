@@ -26,7 +26,9 @@ from ..memory import graph_stats
 from . import distributed as dist_utils
 from . import faults
 from .build import build_run_model, check_pretrained_settings, load_corpora, resolve_precision, unwrap
-from .checkpoint import CheckpointError, CheckpointInfo, list_checkpoints, load_all_shards, load_shard, save_checkpoint
+from .checkpoints import (CheckpointError, CheckpointInfo, check_compatible, choose_checkpoint, describe_resume,
+                          ensure_universal, fingerprint, list_checkpoints, load_all_shards, load_shard, make_shard,
+                          restore_memories, save_checkpoint, seed_everything, set_aside_newer, set_rng_state)
 from .config import RunConfig
 from .distributed import DistInfo
 from .ds_config import read_ds_config, resolve_ds_config
@@ -35,10 +37,7 @@ from .engine import (DeepSpeedEngine, TorchEngine, TrainEngine, check_ds_config,
 from .export import export_hf
 from .health import check_before_save, weights_magnitude
 from .metrics import MetricsWriter
-from .resume import (check_compatible, choose_checkpoint, describe_resume, ensure_universal, fingerprint,
-                     set_aside_newer)
 from .run_lock import RunDirInUse, RunLock
-from .shards import make_shard, restore_memories, seed_everything, set_rng_state
 from .parse import ConfigError, dump, to_dict
 
 
@@ -120,7 +119,6 @@ class Trainer:
                 train, batch_size=self.num_streams, segment_length=cfg.data.segment_length, rank=info.rank,
                 world_size=info.world_size, shuffle=True, seed=cfg.seed, drop_last=True,
             )
-            self.stream_ids = list(self.streams.row_ids)
             vocab = VOCAB_SIZE
         else:
             self.streams = TokenStreams(
@@ -128,8 +126,8 @@ class Trainer:
                 world_size=info.world_size, tail=cfg.data.tail, shuffle_documents=cfg.data.shuffle_documents,
                 seed=cfg.seed,
             )
-            self.stream_ids = [int(s) for s in self.streams.stream_ids]
             vocab = train.metadata.get("vocab_size")
+        self.stream_ids = [int(s) for s in self.streams.stream_ids]  # global ids of this rank's rows
         self.vocab_size = vocab
         self.total_steps = cfg.optim.max_steps or cfg.optim.epochs * self.streams.steps_per_epoch
         # optimizer updates (the learning-rate schedule's length): steps whose segment holds targets

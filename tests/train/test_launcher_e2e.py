@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from memoria_ds.train.checkpoint import find_latest, validate
+from memoria_ds.train.checkpoints import find_latest, validate
 from memoria_ds.train.faults import EXIT_CODE
 
 from memoria_ds.safe_io import load_tree

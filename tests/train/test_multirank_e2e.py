@@ -8,7 +8,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from memoria_ds.safe_io import load_tree
-from memoria_ds.train.checkpoint import validate
+from memoria_ds.train.checkpoints import validate
 from memoria_ds.train.faults import EXIT_CODE
 
 from .launch_util import ROOT, check, metrics, run_training
@@ -80,7 +80,7 @@ def test_a_world_size_change_continues_the_same_optimisation(tmp_path):
 def test_resharding_keeps_every_stream_memory(tmp_path):
     """The memory rows of each stream after a 2 -> 1 resume are the ones saved for it."""
     from memoria_ds.model import build_model
-    from memoria_ds.train.shards import restore_memories
+    from memoria_ds.train.checkpoints import restore_memories
 
     model = build_model(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=32), "memoria",
                         memoria=dict(num_wm=2, num_stm_reminded=2, num_ltm_reminded=2, stm_capacity=4))

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from memoria_ds.train.metrics import drop_records_after
-from memoria_ds.train.shards import seed_everything
+from memoria_ds.train.checkpoints import seed_everything
 
 
 def test_records_past_the_resumed_step_are_dropped(tmp_path):

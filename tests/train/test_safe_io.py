@@ -12,7 +12,7 @@ import torch
 
 from memoria_ds.memory import MemoriaConfig, MemoryState, memorize, remind
 from memoria_ds.safe_io import PickleRefused, check_pickles, convert, is_pickle, load_tree, main, save_tree
-from memoria_ds.train.shards import rng_state
+from memoria_ds.train.checkpoints import rng_state
 
 
 class _Marker:

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 
-from ..safe_io import CONVERT, PickleRefused, check_pickles, file_sha256, is_pickle, load_tree, save_tree
-from .engine import DEEPSPEED_PICKLE_GLOBALS
-from . import distributed as dist_utils
-from . import faults
+from ...safe_io import CONVERT, PickleRefused, check_pickles, file_sha256, is_pickle, load_tree, save_tree
+from ..engine import DEEPSPEED_PICKLE_GLOBALS
+from .. import distributed as dist_utils
+from .. import faults
 
 MANIFEST = "manifest.json"
 ENGINE_TAG = "engine"

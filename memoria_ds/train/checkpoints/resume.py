@@ -23,11 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import distributed as dist_utils
-from .checkpoint import ENGINE_TAG, CheckpointError, CheckpointInfo, find_latest, list_checkpoints, step_of, validate
-from .config import RunConfig
-from .engine import to_universal
-from .parse import to_dict
+from .. import distributed as dist_utils
+from .store import ENGINE_TAG, CheckpointError, CheckpointInfo, find_latest, list_checkpoints, step_of, validate
+from ..config import RunConfig
+from ..engine import to_universal
+from ..parse import to_dict
 
 UNIVERSAL_TAG = "engine_universal"
 

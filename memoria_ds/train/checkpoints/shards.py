@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..model import memory_from_state_dict
+from ...model import memory_from_state_dict
 
 
 def rng_state() -> dict[str, Any]:
