@@ -18,7 +18,8 @@ from torch.overrides import TorchFunctionMode
 
 from memoria_ds.train.config import RunConfig
 from memoria_ds.train.distributed import init_distributed
-from memoria_ds.train.loop import Trainer
+from memoria_ds.train.loop import train
+from memoria_ds.train.setup import setup
 from memoria_ds.train.parse import load
 
 from .launch_util import TINY
@@ -48,10 +49,12 @@ class SyncCounter(TorchFunctionMode):
 def _syncs_of_a_run(run_dir: Path, steps: int) -> Counter[str]:
     cfg = load(RunConfig, None, [*TINY, f"run_dir={run_dir}", f"optim.max_steps={steps}", "optim.grad_accum=2",
                                  "log.every=1000", "checkpoint.every=0", "eval.at_end=false"])
-    trainer = Trainer(cfg, init_distributed())
-    trainer.setup()
-    with SyncCounter() as counter:
-        trainer.train()
+    ctx, state = setup(cfg, init_distributed())
+    try:
+        with SyncCounter() as counter:
+            train(ctx, state)
+    finally:
+        ctx.lock.release()
     return counter.sites
 
 

@@ -18,7 +18,8 @@ import pytest
 
 from memoria_ds.train.config import RunConfig
 from memoria_ds.train.distributed import init_distributed
-from memoria_ds.train.loop import Trainer
+from memoria_ds.train.loop import train as train_run
+from memoria_ds.train.setup import setup
 from memoria_ds.train.parse import load
 
 SETTINGS = ("{n_layer: 2, n_embd: 32, n_head: 2, n_positions: 32, resid_pdrop: 0.0, embd_pdrop: 0.0, "
@@ -36,12 +37,12 @@ def test_training_sees_the_memory_that_evaluation_sees(tmp_path, preset):
         "eval.split=train", "log.every=1000", "log.progress=false", "log.tensorboard=false",
         "checkpoint.every=0", "checkpoint.export=false", f"run_dir={tmp_path / 'run'}",
     ])
-    trainer = Trainer(cfg, init_distributed())
-    trainer.setup()
-    streams = trainer.streams
+    ctx, state = setup(cfg, init_distributed())
+    streams = state.streams
     assert streams.scored_segments == {2, 3}, "SEP and the 20 answer symbols end a 64-token example"
-    assert (trainer.total_steps, trainer.update_steps) == (16, 8), "4 batches x 4 segments; updates on 2 of 4"
-    summary = trainer.train()
+    assert (ctx.total_steps, ctx.update_steps) == (16, 8), "4 batches x 4 segments; updates on 2 of 4"
+    summary = train_run(ctx, state)
+    ctx.lock.release()
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     assert train[-1]["skipped_micro_batches"] == 0 and train[-1]["skipped_steps"] == 0

@@ -1,0 +1,126 @@
+"""Setting a run up, in the order that stops a mistake before expensive work.
+
+    ctx, state = setup(cfg, info)
+
+1. the checkpoint to resume from and its compatibility; the DeepSpeed config, checked by
+   DeepSpeed's own classes (no data or model work yet);
+2. the data: corpora and this rank's streams (`TokenStreams` for text, `ExampleStreams`
+   for the sorting task);
+3. the model (straight into ZeRO-3 partitions under stage 3) and its engine;
+4. the resume (`RunState.load`), then the run directory: locked (one run per directory),
+   its resolved config written.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+from ..data import VOCAB_SIZE, ExampleStreams, TokenStreams
+from . import distributed as dist_utils
+from .build import build_run_model, check_pretrained_settings, load_corpora, resolve_precision, unwrap
+from .checkpoints import CheckpointInfo, check_compatible, choose_checkpoint, seed_everything, set_aside_newer
+from .config import RunConfig
+from .distributed import DistInfo
+from .ds_config import read_ds_config, resolve_ds_config
+from .engine import DeepSpeedEngine, TorchEngine, TrainEngine, check_ds_config, zero3_construction
+from .health import weights_magnitude
+from .parse import ConfigError, dump
+from .run import RunContext, RunState, rank0_print
+from .run_lock import RunDirInUse, RunLock
+
+
+def _ds_config(cfg: RunConfig, info: DistInfo, precision: str, resumed: CheckpointInfo | None) -> dict[str, Any]:
+    ds = resolve_ds_config(read_ds_config(cfg.deepspeed), cfg.optim, world_size=info.world_size,
+                           precision=precision, device_type=info.device.type)
+    check_ds_config(ds)
+    if resumed is not None and resumed.world_size != info.world_size:
+        ds["checkpoint"] = dict(ds.get("checkpoint", {}), load_universal=True)
+    return ds
+
+
+def _streams(cfg: RunConfig, info: DistInfo, corpus: Any, num_streams: int) -> TokenStreams | ExampleStreams:
+    """This rank's training streams: fixed-length examples for the sorting task, else text."""
+    if cfg.data.corpus == "sorting":
+        return ExampleStreams(corpus, batch_size=num_streams, segment_length=cfg.data.segment_length,
+                              rank=info.rank, world_size=info.world_size, shuffle=True, seed=cfg.seed,
+                              drop_last=True)
+    return TokenStreams(corpus, num_streams=num_streams, segment_length=cfg.data.segment_length, rank=info.rank,
+                        world_size=info.world_size, tail=cfg.data.tail,
+                        shuffle_documents=cfg.data.shuffle_documents, seed=cfg.seed)
+
+
+def _engine(cfg: RunConfig, info: DistInfo, model, ds_config: dict | None, precision: str,
+            update_steps: int) -> TrainEngine:
+    if cfg.engine == "torch":
+        return TorchEngine(model, info.device, cfg.optim, update_steps, precision)
+    model.to(info.device)
+    return DeepSpeedEngine(model, ds_config, cfg.optim, update_steps)
+
+
+def _take_run_dir(ctx: RunContext, state: RunState, ds_config: dict | None) -> None:
+    """Lock the run directory (collectively: every rank stops if another run holds it) and
+    write the resolved configuration into it."""
+    in_use = None
+    if ctx.info.is_main:
+        try:
+            ctx.lock.acquire()
+        except RunDirInUse as e:
+            in_use = str(e)
+    in_use = dist_utils.broadcast_object(in_use)
+    if in_use is not None:
+        raise ConfigError(in_use)
+    try:
+        if ctx.info.is_main:
+            if ctx.resumed is not None:
+                set_aside_newer(ctx.resumed, ctx.run_dir, ctx.log)
+            dump(ctx.cfg, ctx.run_dir / "config.yaml")
+            if isinstance(state.engine, DeepSpeedEngine):
+                (ctx.run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=1))
+        dist_utils.barrier()
+    except BaseException:
+        ctx.lock.release()
+        raise
+
+
+def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
+    """Build (and resume) one run; see the module docstring for the order."""
+    if cfg.engine == "torch" and info.world_size != 1:
+        raise ValueError("engine `torch` runs on one process; use engine `deepspeed` for several ranks")
+    log = functools.partial(rank0_print, info)
+    precision = resolve_precision(cfg.optim.precision, info.device)
+    check_pretrained_settings(cfg.model)  # before any data work
+    resumed: CheckpointInfo | None = dist_utils.broadcast_object(choose_checkpoint(cfg, log) if info.is_main else None)
+    if resumed is not None:
+        check_compatible(resumed, cfg)
+    # DeepSpeed config mistakes (batch arithmetic, fp16 on CPU) stop the run before any data work
+    ds_config = _ds_config(cfg, info, precision, resumed) if cfg.engine == "deepspeed" else None
+
+    splits = ("train",) + ((cfg.eval.split,) if (cfg.eval.at_end or cfg.eval.every) else ())
+    corpora = load_corpora(cfg.data, splits, info.rank)
+    num_streams = cfg.optim.micro_batch_size * cfg.optim.grad_accum * info.world_size
+    streams = _streams(cfg, info, corpora["train"], num_streams)
+    vocab_size = VOCAB_SIZE if cfg.data.corpus == "sorting" else corpora["train"].metadata.get("vocab_size")
+    total_steps = cfg.optim.max_steps or cfg.optim.epochs * streams.steps_per_epoch
+    # optimizer updates (the learning-rate schedule's length): steps whose segment holds targets
+    update_steps = streams.count_target_steps(total_steps)
+
+    seed_everything(cfg.seed)  # the same initial weights on every rank
+    with zero3_construction(ds_config):  # under ZeRO-3: built straight into partitions
+        model = build_run_model(cfg, vocab_size)
+    engine = _engine(cfg, info, model, ds_config, precision, update_steps)
+    config = unwrap(engine.module).config
+    ctx = RunContext(cfg=cfg, info=info, lock=RunLock(cfg.run_dir), precision=precision, corpora=corpora,
+                     vocab_size=vocab_size, total_steps=total_steps, update_steps=update_steps,
+                     memoria_config=config.memoria_config if config.memory_type == "memoria" else None,
+                     resumed=resumed)
+    state = RunState.fresh(engine, streams, cfg.optim.grad_accum, info.device)
+    seed_everything(cfg.seed + 1000 * (info.rank + 1))  # dropout streams differ per rank
+    if resumed is not None:
+        state.load(ctx, resumed)
+    # the divergence check's baseline is the run's first one, kept across resumes
+    start = (resumed.manifest.get("meta", {}) if resumed is not None else {}).get("weights_at_start")
+    ctx.weights_at_start = float(start) if start is not None else weights_magnitude(state.model, info.device)
+    _take_run_dir(ctx, state, ds_config)
+    return ctx, state
