@@ -2,12 +2,14 @@
 
 Parts, per data-parallel rank (Psi = parameters, Nd = ranks):
 
-- **Model states** (ZeRO paper, Rajbhandari et al. 2020): mixed precision keeps 16 bytes
-  per parameter (bf16 weights 2 + bf16 gradients 2 + fp32 master weights, Adam m and v
-  12); fp32 also 16 (weights 4 + gradients 4 + Adam 8). ZeRO-1 shards the optimizer
-  part, ZeRO-2 also the gradients, ZeRO-3 everything; `offload` moves the optimizer part
-  (and for ZeRO-3 the weights) to CPU memory. Exact for the parameter count, which comes
-  from the real model class built on the `meta` device.
+- **Model states**: DeepSpeed's own estimators (`estimate_zero2/3_model_states_mem_needs`,
+  called through `train.engine.zero_model_state_bytes`): 16-bit weights 2 bytes per
+  parameter, 16- and 32-bit gradients, fp32 master weights and Adam moments 18 bytes per
+  parameter over the ranks; ZeRO-3 also holds its largest layer whole; `offload` moves the
+  optimizer part (and for ZeRO-3 the weights) to CPU memory, reported beside. ZeRO-1, which
+  has no estimator in DeepSpeed, is counted the same way with only the fp32 part
+  partitioned. The parameter counts come from the real model class built on the `meta`
+  device.
 - **Engram state** (exact, from `MemoryState`'s fields): per memory row, vectors C x D
   fp32, the co-retrieval counts C x C (int16 by default), plus per-slot kind / lifespan /
   uid / norm, and the previous segment's hidden states L x D fp32; times the rows (=
@@ -33,6 +35,7 @@ from ..data import VOCAB_SIZE, enwik8_vocabulary
 from ..model import MemoriaGPT2Config
 from ..train.build import GPT2_SHAPES, from_scratch_backbone
 from ..train.config import RunConfig
+from ..train.engine import zero_model_state_bytes
 
 GIB = 1024**3
 # ZeRO choices the planner considers, cheapest first: name -> (stage, offload, DeepSpeed JSON)
@@ -91,7 +94,8 @@ def _count_parameters(config_json: str) -> tuple[tuple[str, int], ...]:
         model = MemoriaGPT2LMHeadModel(config)
     total = sum(p.numel() for p in model.parameters())
     backbone = sum(p.numel() for p in model.transformer.parameters())
-    return (("total", total), ("backbone", backbone), ("memory", total - backbone))
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())  # ZeRO-3 gathers it
+    return (("total", total), ("backbone", backbone), ("memory", total - backbone), ("largest_layer", largest))
 
 
 def engram_bytes_per_row(config: MemoriaGPT2Config, segment_length: int) -> dict[str, int]:
@@ -108,23 +112,6 @@ def engram_bytes_per_row(config: MemoriaGPT2Config, segment_length: int) -> dict
         length = config.xl_memory_length or segment_length
         return {"keys_values": 2 * config.n_layer * length * d * 2, "capacity": 0}  # 16-bit cache
     return {"capacity": 0}
-
-
-def model_state_bytes(params: int, world_size: int, stage: int, offload: bool) -> dict[str, float]:
-    """Weights, gradients and optimizer states on one GPU (16 bytes/parameter before sharding)."""
-    weights, grads, optim = 2.0 * params, 2.0 * params, 12.0 * params  # bf16 + fp32 master/Adam
-    n = max(world_size, 1)
-    if stage >= 1:
-        optim /= n
-    if stage >= 2:
-        grads /= n
-    if stage >= 3:
-        weights /= n
-    if offload:
-        optim = 0.0
-        if stage >= 3:
-            weights = 0.0
-    return {"weights": weights, "gradients": grads, "optimizer": optim}
 
 
 def activation_bytes(config: MemoriaGPT2Config, micro_batch: int, segment_length: int) -> float:
@@ -146,7 +133,7 @@ class Footprint:
 
     params: dict[str, int]
     zero: str
-    model_states: dict[str, float]
+    model_states: dict[str, float]  # {"gpu": per GPU, "cpu": per node}, DeepSpeed's estimate
     activations: float
     rows_per_rank: int
     engram_row: dict[str, int]
@@ -157,7 +144,7 @@ class Footprint:
 
     @property
     def total(self) -> float:
-        return sum(self.model_states.values()) + self.activations + self.engram_bytes
+        return self.model_states["gpu"] + self.activations + self.engram_bytes
 
 
 def estimate(cfg: RunConfig, world_size: int, zero: str, config: MemoriaGPT2Config | None = None) -> Footprint:
@@ -165,7 +152,8 @@ def estimate(cfg: RunConfig, world_size: int, zero: str, config: MemoriaGPT2Conf
     config = config or model_config(cfg)
     params = count_parameters(config)
     stage, offload, _ = ZERO_CHOICES[zero]
-    states = model_state_bytes(params["total"], world_size, stage, offload)
+    states = zero_model_state_bytes(params["total"], params["largest_layer"], stage, offload,
+                                    gpus_per_node=max(world_size, 1))
     acts = activation_bytes(config, cfg.optim.micro_batch_size, cfg.data.segment_length)
     return Footprint(params=params, zero=zero, model_states=states, activations=acts,
                      rows_per_rank=cfg.optim.micro_batch_size * cfg.optim.grad_accum,
@@ -206,4 +194,4 @@ def fmt_bytes(n: float) -> str:
 
 
 __all__ = ["Footprint", "ZERO_CHOICES", "activation_bytes", "choose_zero", "count_parameters", "ds_config_for",
-           "engram_bytes_per_row", "estimate", "fmt_bytes", "model_config", "model_state_bytes", "vocab_size"]
+           "engram_bytes_per_row", "estimate", "fmt_bytes", "model_config", "vocab_size"]

@@ -153,7 +153,6 @@ def report(runs: list[PlannedRun], topology: Topology, *, full_config: bool, gpu
         p = f.params
         w(f"  model     {p['total']:,} parameters (backbone {p['backbone']:,} + memory modules {p['memory']:,}); "
           f"{r.cfg.optim.precision}; ZeRO {f.zero} ({r.cfg.deepspeed})\n")
-        states = ", ".join(f"{k} {fp.fmt_bytes(v)}" for k, v in f.model_states.items())
         row = f.engram_row
         if "vectors" in row:
             mem = (f"engram state {f.rows_per_rank} rows x {fp.fmt_bytes(f.engram_bytes / f.rows_per_rank)} = "
@@ -163,7 +162,8 @@ def report(runs: list[PlannedRun], topology: Topology, *, full_config: bool, gpu
             mem = f"XL cache {f.rows_per_rank} rows x {fp.fmt_bytes(row['keys_values'])} = {fp.fmt_bytes(f.engram_bytes)}"
         else:
             mem = "no recurrent memory"
-        w(f"  memory    per rank (estimate): model states {fp.fmt_bytes(sum(f.model_states.values()))} ({states}); "
+        cpu = f" (CPU {fp.fmt_bytes(f.model_states['cpu'])} per node)" if f.model_states["cpu"] else ""
+        w(f"  memory    per rank (estimate): model states {fp.fmt_bytes(f.model_states['gpu'])}{cpu}; "
           f"activations {fp.fmt_bytes(f.activations)}; {mem}; total {fp.fmt_bytes(f.total)} "
           f"of {gpu_memory_gib:g} GiB\n")
         epochs = (f"{r.cfg.optim.epochs} epochs x {s.steps_per_epoch:,} = " if r.cfg.optim.max_steps is None

@@ -236,10 +236,32 @@ def test_planned_model_is_the_model_the_training_builds(tmp_path):
 
 
 def test_model_states_follow_the_zero_partitioning():
-    assert fp.model_state_bytes(1000, 4, 1, False) == {"weights": 2000, "gradients": 2000, "optimizer": 3000}
-    assert fp.model_state_bytes(1000, 4, 2, False) == {"weights": 2000, "gradients": 500, "optimizer": 3000}
-    assert fp.model_state_bytes(1000, 4, 3, False) == {"weights": 500, "gradients": 500, "optimizer": 3000}
-    assert fp.model_state_bytes(1000, 4, 3, True) == {"weights": 0, "gradients": 500, "optimizer": 0}
+    """DeepSpeed's estimators (per GPU, 1,000 parameters on 4 GPUs, largest layer 100): 16-bit
+    weights 2 bytes whole, 18 bytes over the ranks; ZeRO-3 adds its largest layer (4 bytes per
+    parameter) and partitions the weights too; offload moves the partitioned part to CPU."""
+    from memoria_ds.train.engine import zero_model_state_bytes as states
+
+    assert states(1000, 100, 1, False, gpus_per_node=4) == {"gpu": 4000 + 16000 / 4, "cpu": 0.0}
+    assert states(1000, 100, 2, False, gpus_per_node=4)["gpu"] == 2000 + 18000 // 4
+    assert states(1000, 100, 2, True, gpus_per_node=4)["gpu"] == 2000
+    assert states(1000, 100, 3, False, gpus_per_node=4)["gpu"] == 400 + 18000 // 4
+    assert states(1000, 100, 3, True, gpus_per_node=4)["gpu"] == 400
+    assert states(1000, 100, 3, True, gpus_per_node=4)["cpu"] > 0
+    with pytest.raises(ValueError, match="no estimate for ZeRO stage 1 with offload"):
+        states(1000, 100, 1, True, gpus_per_node=4)
+
+
+def test_largest_layer_is_counted_by_hand(tiny_gpt2_config):
+    """ZeRO-3 gathers its largest layer whole: for the 64-wide, 257-symbol model that is an MLP's
+    c_fc (64 x 256 + 256 = 16,640), not the embedding (257 x 64 = 16,448); at GPT-2's 50,257
+    tokens it is the embedding."""
+    from memoria_ds.model import MemoriaGPT2Config
+
+    config = MemoriaGPT2Config.from_backbone(tiny_gpt2_config, "memoria")
+    assert fp.count_parameters(config)["largest_layer"] == 64 * 256 + 256
+    wide = MemoriaGPT2Config.from_backbone(tiny_gpt2_config.__class__(**{**tiny_gpt2_config.to_dict(),
+                                                                          "vocab_size": 50257}), "memoria")
+    assert fp.count_parameters(wide)["largest_layer"] == 50257 * 64
 
 
 def test_zero_choice_follows_the_gpu_memory():
