@@ -196,20 +196,10 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             ValueError: inconsistent inputs (memory of another batch size or device, a
                 segment longer than GPT-2's positions, both kinds of labels, ...).
         """
-        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        kwargs.pop("cache_position", None)
-        if kwargs:
-            raise TypeError(f"unexpected argument(s) {sorted(kwargs)}")
-        if inputs_embeds is not None or output_attentions or output_hidden_states:
-            raise ValueError(
-                "pass `input_ids`; inputs_embeds / output_attentions / output_hidden_states are not supported"
-            )
-        if labels is not None and shift_labels is not None:
-            raise ValueError("pass `labels` (shifted inside) or `shift_labels` (already aligned), not both")
+        num_items_in_batch = self._check_call(labels, shift_labels, inputs_embeds, output_attentions,
+                                              output_hidden_states, past_key_values, memory_context, kwargs)
         cfg, kind = self.config, self.memory_kind
         decoding = memory_context is not None
-        if past_key_values is not None and not decoding and kind.carries_state:
-            raise ValueError("`past_key_values` is for decoding inside generate(); segments pass `memory` instead")
         if use_cache and past_key_values is None and (decoding or not kind.carries_state):
             past_key_values = DynamicCache(config=cfg)
         B, L = input_ids.shape
@@ -259,6 +249,23 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             memory_stats=stats,
             past_key_values=past_key_values if decoding or use_cache else None,
         )
+
+    def _check_call(self, labels, shift_labels, inputs_embeds, output_attentions, output_hidden_states,
+                    past_key_values, memory_context, kwargs: dict[str, Any]) -> Any:
+        """Refuse what `forward` does not support; returns `num_items_in_batch` (HF's Trainer)."""
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        kwargs.pop("cache_position", None)
+        if kwargs:
+            raise TypeError(f"unexpected argument(s) {sorted(kwargs)}")
+        if inputs_embeds is not None or output_attentions or output_hidden_states:
+            raise ValueError(
+                "pass `input_ids`; inputs_embeds / output_attentions / output_hidden_states are not supported"
+            )
+        if labels is not None and shift_labels is not None:
+            raise ValueError("pass `labels` (shifted inside) or `shift_labels` (already aligned), not both")
+        if past_key_values is not None and memory_context is None and self.memory_kind.carries_state:
+            raise ValueError("`past_key_values` is for decoding inside generate(); segments pass `memory` instead")
+        return num_items_in_batch
 
     def _check_positions(self, used: int) -> None:
         cfg = self.config
