@@ -27,6 +27,7 @@ lm_eval` (memoria_ds[lm_eval]).
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Any
 
@@ -65,7 +66,7 @@ class MemoriaLM(TemplateLM):
         super().__init__()
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        import memoria_ds.model  # noqa: F401  (registers the architecture with the Auto classes)
+        importlib.import_module("memoria_ds.model")  # registers the architecture with the Auto classes
 
         if str(dtype) not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: use one of {sorted(DTYPES)}")
