@@ -30,6 +30,7 @@ def evaluate_split(
     out_dir: Path | None,
     sorting_batch_size: int,
     trace: Callable[[str], Any] | None = None,
+    memory_for: Callable[[list[int]], Any] | None = None,
 ) -> list[EvalResult]:
     """Evaluate `model` on one tokenized split (or sorting dataset).
 
@@ -42,6 +43,7 @@ def evaluate_split(
         sorting_batch_size: examples per batch on the sorting task (a multiple of the world size).
         trace: `trace(protocol)` -> a per-segment callback (`MemoryTrace`) or None; each
             callback returned is closed after its protocol.
+        memory_for: the memory each protocol's streams start from (`evaluate_lm`); None: empty.
 
     Returns:
         One result per protocol (or the sorting result). Every rank calls this.
@@ -52,6 +54,8 @@ def evaluate_split(
         return str(out_dir / f"{stem}_{name}.json") if out_dir is not None and rank == 0 else None
 
     if data.corpus == "sorting":
+        if memory_for is not None:
+            raise ValueError("the sorting task starts every example from an empty memory: no starting memory")
         return [evaluate_sorting(
             model, corpus, segment_length=data.segment_length, batch_size=sorting_batch_size, model_name=label,
             split=evaluation.split, rank=rank, world_size=world_size, device=device, progress=False,
@@ -66,6 +70,7 @@ def evaluate_split(
             results.append(evaluate_lm(
                 model, corpus, protocol, model_name=label, rank=rank, world_size=world_size, device=device,
                 max_steps=evaluation.max_steps, progress=False, on_step=callback, output_path=output(name),
+                memory_for=memory_for,
             ))
         finally:
             if callback is not None:

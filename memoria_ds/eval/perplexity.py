@@ -44,6 +44,7 @@ def evaluate_lm(
     progress: bool = True,
     output_path: str | None = None,
     on_step: Callable[[int, Any, Any], None] | None = None,
+    memory_for: Callable[[list[int]], Any] | None = None,
 ) -> EvalResult:
     """Evaluate a Contract-2 model on one split under `protocol`.
 
@@ -62,6 +63,9 @@ def evaluate_lm(
         on_step: called after every segment as `on_step(step, batch, output)` with this
             rank's `StreamBatch` and the model's whole output (e.g. `output.memory_stats`,
             `output.memory`); memoria_ds.eval.trace records the memory with it.
+        memory_for: `memory_for(stream_ids)` -> the memory this rank's streams start from (one
+            row per global stream id, e.g. `load_snapshot(path, model, stream_ids).memory`);
+            None: an empty memory. The result's notes say so.
 
     Returns:
         The `EvalResult` (identical on every rank).
@@ -87,11 +91,15 @@ def evaluate_lm(
     counts_here = 0.0 if replicated and rank != 0 else 1.0
     steps = streams.steps_per_epoch if max_steps is None else min(max_steps, streams.steps_per_epoch)
 
+    memory = memory_for([int(s) for s in streams.stream_ids]) if memory_for is not None else None
+    if memory is not None and memory.batch_size != len(streams.stream_ids):
+        raise ValueError(f"a starting memory of {memory.batch_size} rows for {len(streams.stream_ids)} streams")
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # nll, scored tokens, input tokens
     start = time.perf_counter()
     label = f"eval {protocol.name}" if progress and rank == 0 else None
     with evaluating(model):
-        for seg in run_segments(model, streams, reset=protocol.reset, device=device, steps=steps, progress=label):
+        for seg in run_segments(model, streams, reset=protocol.reset, device=device, steps=steps, progress=label,
+                                memory=memory):
             batch = seg.batch
             if on_step is not None:
                 on_step(seg.step, batch, seg.output)
@@ -106,6 +114,8 @@ def evaluate_lm(
     notes = [] if steps == streams.steps_per_epoch else [f"stopped after {steps} of {streams.steps_per_epoch} steps"]
     if replicated:
         notes.append(f"one stream read by each of {world_size} ranks, counted once")
+    if memory is not None:
+        notes.append("started from a given memory (not an empty one)")
     result = EvalResult.from_sums(
         nll_sum=totals[0], scored_tokens=int(round(totals[1])),
         character_level=corpus.metadata.get("unit") == "character",

@@ -86,7 +86,9 @@ def run_segments(
         device: where the batches go.
         steps: how many segments (default: the whole epoch).
         epoch: which epoch of the streams.
-        memory: the memory to start from (None: fresh).
+        memory: the memory to start from (None: fresh). A given memory is kept through the
+            first segment (it is the context the caller chose, e.g. a snapshot of the text
+            read before); later segments are reset as `reset` says.
         progress: a progress bar with this label (None: no bar).
 
     Yields:
@@ -94,9 +96,13 @@ def run_segments(
         one this call returned.
     """
     steps = streams.steps_per_epoch if steps is None else steps
+    keep_first = memory is not None
     for step in tqdm(range(steps), desc=progress, disable=progress is None):
         batch = streams.batch_at(epoch, step).to(device)
-        out = forward_segment(model, batch, memory, reset.reset_mask(batch))
+        mask = reset.reset_mask(batch)
+        if keep_first and step == 0:
+            mask = torch.zeros_like(mask)
+        out = forward_segment(model, batch, memory, mask)
         memory = logits_and_memory(out)[1]
         yield Segment(step, batch, out)
 

@@ -9,7 +9,9 @@ MODEL is a run directory (its `export/` is scored, its `config.yaml` gives the d
 evaluation settings), a `save_pretrained` directory (Memoria GPT-2, or any causal LM scored
 segment by segment without memory), or a hub id. The same dotted overrides as training
 apply (`data.*`, `eval.*`); `eval.trace=true` also records the memory of every segment and
-saves the final memory for `launch/analyze.py`. Results go to `--out` (default
+saves the final memory for `launch/analyze.py`; `--memory SNAPSHOT` starts the streams from a
+saved memory (`memoria_ds.model.save_snapshot`: one row per stream id) instead of an empty
+one. Results go to `--out` (default
 `<run_dir>/eval`, else `eval_results/`) as one JSON per protocol, `<split>_<protocol>.json`.
 Mistakes stop before any model or data work, with exit status 2.
 """
@@ -45,13 +47,15 @@ def resolve_model(model: str) -> tuple[str, Path | None]:
     return model, None
 
 
-def parse(argv: list[str] | None) -> tuple[RunConfig, str, Path | None, Path]:
+def parse(argv: list[str] | None) -> tuple[RunConfig, str, Path | None, Path, Path | None]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="a run directory, a save_pretrained directory or a hub id")
     p.add_argument("--config", help="a run configuration (YAML/JSON) for the data and eval settings "
                                     "(default: the run's config.yaml, else the defaults)")
     p.add_argument("--out", help="where the results go (default: <run_dir>/eval, else eval_results/)")
+    p.add_argument("--memory", help="a memory snapshot (memoria_ds.model.save_snapshot) the streams start from, "
+                                    "one row per stream id; default: an empty memory")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.split=test data.segment_length=150")
     a = p.parse_intermixed_args(argv)
@@ -62,7 +66,12 @@ def parse(argv: list[str] | None) -> tuple[RunConfig, str, Path | None, Path]:
     # the data (and, for a hub id, the model) must be reachable before anything is loaded
     scored = cfg.model.model_copy(update={"backbone": source, "from_scratch": False})
     check_sources(cfg.model_copy(update={"model": scored}))
-    return cfg, source, run_dir, out
+    memory = Path(a.memory) if a.memory else None
+    if memory is not None and not memory.is_file():
+        raise ConfigError(f"--memory {memory}: no such snapshot file (write one with memoria_ds.model.save_snapshot)")
+    if memory is not None and cfg.data.corpus == "sorting":
+        raise ConfigError("--memory: the sorting task starts every example from an empty memory")
+    return cfg, source, run_dir, out, memory
 
 
 def load_model(source: str, device, precision: str):
@@ -79,7 +88,24 @@ def load_model(source: str, device, precision: str):
     return MemorylessLM(AutoModelForCausalLM.from_pretrained(source, dtype=dtype)).to(device).eval()
 
 
-def run(cfg: RunConfig, source: str, out: Path, info) -> list[Any]:
+def _snapshot_rows(path: Path, model, source: str, device):
+    """stream ids -> the snapshot's rows for them, for `model` (another model's snapshot: ConfigError)."""
+    from ..model.snapshot import SnapshotMismatch, load_snapshot
+
+    if not hasattr(model, "memory_kind"):
+        raise ConfigError(f"--memory: {source} has no memory to start from (it is scored without memory)")
+    try:
+        load_snapshot(path, model)  # refuses another model's snapshot before any data is read
+    except SnapshotMismatch as e:
+        raise ConfigError(str(e)) from None
+
+    def rows(stream_ids: list[int]):
+        return load_snapshot(path, model, stream_ids=stream_ids, device=device).memory
+
+    return rows
+
+
+def run(cfg: RunConfig, source: str, out: Path, info, memory: Path | None = None) -> list[Any]:
     import torch
 
     from ..eval.configured import describe, evaluate_split
@@ -88,6 +114,7 @@ def run(cfg: RunConfig, source: str, out: Path, info) -> list[Any]:
     corpus = load_corpora(cfg.data, (cfg.eval.split,), info.rank)[cfg.eval.split]
     model = load_model(source, info.device, cfg.optim.precision)
     memoria = getattr(getattr(model, "config", None), "memoria_config", None)
+    memory_for = _snapshot_rows(memory, model, source, info.device) if memory is not None else None
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
 
@@ -104,7 +131,7 @@ def run(cfg: RunConfig, source: str, out: Path, info) -> list[Any]:
         results = evaluate_split(
             model, corpus, data=cfg.data, evaluation=cfg.eval, label=f"{source}@{cfg.eval.split}", rank=info.rank,
             world_size=info.world_size, device=info.device, out_dir=out,
-            sorting_batch_size=cfg.optim.micro_batch_size * info.world_size, trace=trace,
+            sorting_batch_size=cfg.optim.micro_batch_size * info.world_size, trace=trace, memory_for=memory_for,
         )
     if info.is_main:
         for r in results:
@@ -117,7 +144,7 @@ def run(cfg: RunConfig, source: str, out: Path, info) -> list[Any]:
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        cfg, source, _, out = parse(argv)
+        cfg, source, _, out, memory = parse(argv)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -126,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     info = dist_utils.init_distributed(use_deepspeed=False)
     code = 0
     try:
-        run(cfg, source, out, info)
+        run(cfg, source, out, info, memory)
     except (ConfigError, OSError, ValueError) as e:
         print(f"error (rank {info.rank}): {e}", file=sys.stderr, flush=True)
         code = 2 if isinstance(e, ConfigError) else 1

@@ -49,3 +49,45 @@ def test_xl_memory_is_used_and_reset(setup) -> None:
     plain = evaluate_lm(backbone, corpus, full_protocol(16, 1), progress=False)
     assert reset_always.nll_sum == pytest.approx(plain.nll_sum, rel=1e-5), "reset before every segment = no memory"
     assert abs(carried.nll_sum - plain.nll_sum) > 1e-3, "the carried cache changes the predictions"
+
+
+@pytest.mark.parametrize("preset", ["memoria", "xl"])
+def test_evaluation_starts_from_a_snapshot(setup, tmp_path, preset) -> None:
+    """Read a text, save its memory, score the next text from it (issue 18 item 3): the result
+    equals the model fed by hand from that memory, and differs from an empty start."""
+    from memoria_ds.model import load_snapshot, read, save_snapshot
+
+    path, corpus, _ = setup
+    torch.manual_seed(3)
+    model = build_model(path, preset, memory_init="random", memoria=SMALL_MEMORY).eval()
+    with torch.no_grad():  # a memory that visibly moves the scores (random init keeps it small)
+        for name, p in model.named_parameters():
+            if "memory_attention.out_proj" in name:
+                p.normal_(0.0, 0.5)
+    prefix = torch.randint(0, 257, (1, 48), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        memory = read(model, prefix, segment_length=16)
+    save_snapshot(tmp_path / "book.safetensors", model, memory, stream_ids=[0])
+
+    protocol = paper_protocol(16)
+    start = evaluate_lm(model, corpus, protocol, progress=False,
+                        memory_for=lambda ids: load_snapshot(tmp_path / "book.safetensors", model, stream_ids=ids).memory)
+    empty = evaluate_lm(model, corpus, protocol, progress=False)
+    assert "started from a given memory (not an empty one)" in start.notes
+    assert abs(start.nll_sum - empty.nll_sum) > 1e-3, "the snapshot's memory changed nothing"
+
+    # by hand: the corpus as one stream of 16-token segments, scored as `paper` does (not the
+    # last target of a segment), starting from the snapshot's memory, never reset
+    tokens = torch.tensor(corpus.tokens.tolist())[None]  # (1, N): the one stream of `paper`
+    mem, total, scored = load_snapshot(tmp_path / "book.safetensors", model).memory, 0.0, 0
+    with torch.no_grad():
+        for s in range(0, tokens.shape[1] - 1, 16):
+            x, y = tokens[:, s:s + 16], tokens[:, s + 1:s + 17]
+            out = model(input_ids=x, memory=mem)
+            mem = out.memory
+            n = min(y.shape[1], 15)  # `paper` never scores a segment's last target
+            logp = torch.log_softmax(out.logits[0, :n].float(), -1)
+            total -= float(logp.gather(1, y[0, :n, None]).sum())
+            scored += n
+    assert start.scored_tokens == scored
+    assert start.nll_sum == pytest.approx(total, rel=1e-5)

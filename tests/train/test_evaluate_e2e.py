@@ -90,3 +90,40 @@ def test_mistakes_stop_before_any_work(tmp_path):
     (run / "config.yaml").write_text("seed: 0\n")
     proc = evaluate(str(run))
     assert proc.returncode == 2 and "without an export/" in proc.stderr
+
+
+def test_evaluation_from_a_memory_snapshot(tmp_path):
+    """`--memory SNAPSHOT`: the streams start from a saved memory (issue 18 item 3); another
+    model's snapshot, a missing file, or a model without memory stop with exit 2."""
+    from memoria_ds.model import build_model, read, save_snapshot
+
+    torch.manual_seed(0)
+    backbone = GPT2Config(vocab_size=50257, n_layer=1, n_embd=16, n_head=2, n_positions=64)
+    memory = {"num_wm": 2, "num_stm_reminded": 2, "num_ltm_reminded": 2, "stm_capacity": 8}
+    model = build_model(backbone, "memoria", memory_init="random", memoria=memory).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "memory_attention.out_proj" in name:
+                p.normal_(0.0, 0.5)  # a memory that visibly moves the scores
+        snap = save_snapshot(tmp_path / "book.safetensors", model,
+                             read(model, torch.randint(0, 50257, (1, 48)), segment_length=16))
+    model.save_pretrained(tmp_path / "model")
+    common = ["data.corpus=bundled", "data.segment_length=16", "eval.protocols=[paper]", "eval.max_steps=4"]
+    check(evaluate(str(tmp_path / "model"), *common, "--out", str(tmp_path / "empty")))
+    proc = check(evaluate(str(tmp_path / "model"), "--memory", str(snap), *common, "--out", str(tmp_path / "snap")))
+    assert "eval validation [paper]" in proc.stdout
+    (empty,), (started,) = (read_results(tmp_path / d / "validation_paper.json") for d in ("empty", "snap"))
+    assert "started from a given memory (not an empty one)" in started.notes
+    assert started.scored_tokens == empty.scored_tokens and abs(started.nll - empty.nll) > 1e-4
+
+    other = build_model(backbone, "memoria", memory_init="random", memoria=memory)
+    other.save_pretrained(tmp_path / "other")
+    for model_dir, snapshot, says in [
+        (tmp_path / "other", snap, "holds the memory of another model"),
+        (tmp_path / "model", tmp_path / "missing.safetensors", "no such snapshot file"),
+    ]:
+        proc = evaluate(str(model_dir), "--memory", str(snapshot), *common, "--out", str(tmp_path / "x"))
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr[-2000:]
+    GPT2LMHeadModel(backbone).save_pretrained(tmp_path / "plain")
+    proc = evaluate(str(tmp_path / "plain"), "--memory", str(snap), *common, "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and "has no memory to start from" in proc.stderr, proc.stderr[-2000:]
