@@ -1,7 +1,7 @@
 """Perplexity / BPC of a memory model over a split, under a named protocol.
 
 The loop: build this rank's streams for the protocol, feed them through the segment runner
-(segments.py: segment t of every stream reads the memory returned for segment t - 1, with
+(data/segments.py: segment t of every stream reads the memory returned for segment t - 1, with
 the rows to reset), score the targets (with the
 last target of each segment masked under `paper`), add NLL and token counts as float64
 sums on the device, and all-reduce the sums once at the end. PPL = exp(total NLL / total
@@ -28,7 +28,8 @@ from memoria_ds.data.token_corpus import TokenCorpus
 from memoria_ds.eval.protocols import EvalProtocol, protocol_from_name
 from memoria_ds.eval.result import EvalResult, write_results
 from memoria_ds.eval.scoring import all_reduce_sums, token_nll
-from memoria_ds.eval.segments import dist_coordinates, evaluating, model_device, run_segments
+from memoria_ds.eval.scoring import dist_coordinates, evaluating, model_device
+from memoria_ds.data.segments import run_segments
 
 
 def evaluate_lm(

@@ -5,13 +5,15 @@ Notation: B rows, L segment length, V vocabulary, K scored positions.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from memoria_ds.data.batch import IGNORE_INDEX, StreamBatch
-from memoria_ds.eval.segments import forward_segment, logits_and_memory
+from memoria_ds.data.segments import forward_segment, logits_and_memory
 
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,3 +63,32 @@ def all_reduce_sums(sums: torch.Tensor) -> torch.Tensor:
         sums = sums.clone()
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
     return sums
+
+
+@contextlib.contextmanager
+def evaluating(model: Any) -> Iterator[None]:
+    """No gradients and eval mode for the duration; the model's training mode is restored after."""
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        if was_training and hasattr(model, "train"):
+            model.train()
+
+
+def dist_coordinates() -> tuple[int, int]:
+    """(rank, world size) of the default process group, (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def model_device(model: Any) -> torch.device:
+    """The device of the model's first parameter (CPU for a parameterless model)."""
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        return torch.device("cpu")

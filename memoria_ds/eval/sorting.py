@@ -1,6 +1,6 @@
 """Sorting-task accuracy (paper Table 4): teacher-forced argmax over the 20 target positions.
 
-Each batch of examples is read segment by segment through the segment runner (segments.py),
+Each batch of examples is read segment by segment through the segment runner (data/segments.py),
 memory carried between segments and every row reset at its example's first segment. Scored positions are those with a
 target (the separator and the first 19 answer symbols, predicting the 20 answer symbols);
 accuracy = correct / scored over all examples and ranks (exact sums, all-reduced).
@@ -18,7 +18,8 @@ from memoria_ds.data.examples import ExampleStreams
 from memoria_ds.data.reset import ResetPolicy
 from memoria_ds.eval.result import EvalResult
 from memoria_ds.eval.scoring import all_reduce_sums, token_nll
-from memoria_ds.eval.segments import dist_coordinates, evaluating, model_device, run_segments
+from memoria_ds.eval.scoring import dist_coordinates, evaluating, model_device
+from memoria_ds.data.segments import run_segments
 
 _EVERY_EXAMPLE = ResetPolicy(at_document_start=True)
 

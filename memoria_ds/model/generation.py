@@ -21,7 +21,33 @@ import torch
 from torch import Tensor
 from transformers.generation import GenerationMixin
 
+from ..data.batch import IGNORE_INDEX, StreamBatch
+from ..data.reset import ResetPolicy
+from ..data.segments import run_segments
 from .recurrent import MemoryRead, RecurrentMemory
+
+
+class PromptSegments:
+    """The first `count` complete segments of a (B, T) prompt, as the segment runner reads them.
+
+    One row per prompt (stream ids 0..B-1); the attention mask is the caller's (1 where no
+    mask was given); nothing is scored (targets all -100).
+    """
+
+    def __init__(self, input_ids: Tensor, attention_mask: Tensor | None, segment_length: int, count: int) -> None:
+        self.input_ids, self.attention_mask = input_ids, attention_mask
+        self.segment_length, self.steps_per_epoch = segment_length, count
+
+    def batch_at(self, epoch: int, step: int) -> StreamBatch:
+        S, B = self.segment_length, self.input_ids.shape[0]
+        ids = self.input_ids[:, step * S:(step + 1) * S]
+        mask = (self.attention_mask[:, step * S:(step + 1) * S] if self.attention_mask is not None
+                else torch.ones_like(ids))
+        rows = torch.arange(B, device=ids.device)
+        return StreamBatch(input_ids=ids, targets=torch.full_like(ids, IGNORE_INDEX), attention_mask=mask,
+                           doc_start=torch.zeros(B, dtype=torch.bool, device=ids.device),
+                           doc_start_pos=torch.full((B,), -1, device=ids.device), stream_ids=rows, epoch=epoch,
+                           step=step, global_step=step)
 
 
 class MemoryGenerationMixin(GenerationMixin):
@@ -84,10 +110,11 @@ class MemoryGenerationMixin(GenerationMixin):
         n_full = (T - 1) // S  # complete segments before the one decoding continues
         if not self.memory_kind.carries_state:
             memory = None  # the prefix has no effect on the plain backbone: skip computing it
-        else:
-            for t in range(n_full):
-                seg_mask = attention_mask[:, t * S : (t + 1) * S] if attention_mask is not None else None
-                memory = self(input_ids[:, t * S : (t + 1) * S], memory=memory, attention_mask=seg_mask).memory
+        elif n_full:  # the complete segments through the memory, by the one segment runner
+            prompt = PromptSegments(input_ids, attention_mask, S, n_full)
+            for seg in run_segments(self, prompt, reset=ResetPolicy(), device=input_ids.device, memory=memory,
+                                    attention_mask=attention_mask is not None):
+                memory = seg.output.memory
         start = n_full * S
         context = self.memory_context(memory, B, input_ids.device)
         tail_mask = attention_mask[:, start:] if attention_mask is not None else None

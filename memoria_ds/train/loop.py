@@ -24,7 +24,7 @@ import torch
 
 from ..eval import EvalResult
 from ..eval.configured import describe, evaluate_split
-from ..eval.segments import forward_segment
+from ..data.segments import forward_segment
 from ..memory import graph_stats
 from . import distributed as dist_utils
 from . import faults

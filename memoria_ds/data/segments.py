@@ -1,11 +1,11 @@
 """One segment runner: streams in, one model call per segment, the memory carried between them.
 
-    with evaluating(model):
-        for seg in run_segments(model, streams, steps=n, reset=policy, device=dev):
-            seg.step, seg.batch (StreamBatch), seg.logits (B, L, V), seg.output (.memory_stats, ...)
+    for seg in run_segments(model, streams, steps=n, reset=policy, device=dev):
+        seg.step, seg.batch (StreamBatch), seg.logits (B, L, V), seg.output (.memory_stats, ...)
 
-Both evaluations (perplexity.py, sorting.py) read their streams through it; the training loop
-(train/loop.py) calls the same `forward_segment` once per micro-batch slot, with its labels.
+Both evaluations (eval/perplexity.py, eval/sorting.py) and `generate()`'s prompt
+(generation.py) read their segments through it; the training loop (train/loop.py) calls the
+same `forward_segment` once per micro-batch slot, with its labels and a memory per slot.
 `streams` is anything with `steps_per_epoch` and `batch_at(epoch, step) -> StreamBatch`
 (`TokenStreams` for text, `ExampleStreams` for fixed-length examples): the runner does not
 know which. A row's memory is reset where `reset.reset_mask(batch)` says (a document
@@ -14,13 +14,11 @@ or example start, or a periodic reset), before the model reads it.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from memoria_ds.data.batch import StreamBatch
@@ -50,13 +48,16 @@ class Segment:
 
 
 def forward_segment(model: Any, batch: StreamBatch, memory: Any, reset: torch.Tensor,
-                    labels: torch.Tensor | None = None) -> Any:
+                    labels: torch.Tensor | None = None, attention_mask: bool = False) -> Any:
     """One segment through a Contract-2 model: its whole output (`.logits`, `.memory`, `.loss`, ...).
 
     `labels` are the batch's aligned targets (or a slice of them) when a loss is wanted; they
-    go in as HF's `shift_labels` (already aligned, no further shift).
+    go in as HF's `shift_labels` (already aligned, no further shift). `attention_mask`: pass
+    the batch's (a prompt's padding); streams pad only at their very end, where nothing
+    follows, so they do without.
     """
-    return model(input_ids=batch.input_ids, shift_labels=labels, memory=memory, reset=reset)
+    mask = {"attention_mask": batch.attention_mask} if attention_mask else {}
+    return model(input_ids=batch.input_ids, shift_labels=labels, memory=memory, reset=reset, **mask)
 
 
 def logits_and_memory(out: Any) -> tuple[torch.Tensor, Any]:
@@ -76,6 +77,7 @@ def run_segments(
     epoch: int = 0,
     memory: Any = None,
     progress: str | None = None,
+    attention_mask: bool = False,
 ) -> Iterator[Segment]:
     """Feed segments 0..steps-1 of `epoch` through `model`, carrying the memory it returns.
 
@@ -90,6 +92,7 @@ def run_segments(
             first segment (it is the context the caller chose, e.g. a snapshot of the text
             read before); later segments are reset as `reset` says.
         progress: a progress bar with this label (None: no bar).
+        attention_mask: pass each batch's attention mask to the model (`forward_segment`).
 
     Yields:
         A `Segment` per step, after the model call; the memory the next segment reads is the
@@ -102,35 +105,6 @@ def run_segments(
         mask = reset.reset_mask(batch)
         if keep_first and step == 0:
             mask = torch.zeros_like(mask)
-        out = forward_segment(model, batch, memory, mask)
+        out = forward_segment(model, batch, memory, mask, attention_mask=attention_mask)
         memory = logits_and_memory(out)[1]
         yield Segment(step, batch, out)
-
-
-@contextlib.contextmanager
-def evaluating(model: Any) -> Iterator[None]:
-    """No gradients and eval mode for the duration; the model's training mode is restored after."""
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        if was_training and hasattr(model, "train"):
-            model.train()
-
-
-def dist_coordinates() -> tuple[int, int]:
-    """(rank, world size) of the default process group, (0, 1) without one."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def model_device(model: Any) -> torch.device:
-    """The device of the model's first parameter (CPU for a parameterless model)."""
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return torch.device("cpu")
