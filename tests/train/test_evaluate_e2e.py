@@ -127,3 +127,34 @@ def test_evaluation_from_a_memory_snapshot(tmp_path):
     GPT2LMHeadModel(backbone).save_pretrained(tmp_path / "plain")
     proc = evaluate(str(tmp_path / "plain"), "--memory", str(snap), *common, "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and "has no memory to start from" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_push_checks_the_export_and_dry_runs(tmp_path):
+    """launch/push.py: the export is checked before any network; --dry-run lists the files."""
+    from memoria_ds.model import build_model
+
+    push = str(ROOT / "launch" / "push.py")
+    torch.manual_seed(0)
+    model = build_model(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=64), "memoria",
+                        memoria={"num_wm": 2, "num_stm_reminded": 2, "num_ltm_reminded": 2, "stm_capacity": 8})
+    run = tmp_path / "run"
+    (run / "export").mkdir(parents=True)
+    (run / "config.yaml").write_text("seed: 0\n")
+    model.save_pretrained(run / "export")
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+
+    def call(*args):
+        return subprocess.run([sys.executable, push, *args], capture_output=True, text=True, timeout=300, env=env)
+
+    proc = call(str(run), "me/model", "--dry-run")
+    assert proc.returncode == 2 and "missing README.md" in proc.stderr, proc.stderr  # no model card yet
+    (run / "export" / "README.md").write_text("---\nlibrary_name: transformers\n---\n# card\n")
+    proc = call(str(run), "me/model", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "https://huggingface.co/me/model" in proc.stdout and "model.safetensors" in proc.stdout
+    assert "config.json" in proc.stdout and "README.md" in proc.stdout
+    for args, says in [((str(tmp_path / "nope"), "me/model"), "does not exist"),
+                       ((str(run), "not-a-repo"), "must look like `owner/name`"),
+                       ((str(tmp_path), "me/model"), "is not a memoria_ds export")]:
+        proc = call(*args, "--dry-run")
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr

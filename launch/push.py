@@ -1,0 +1,11 @@
+"""Upload a run's export to the Hugging Face hub as a model repository.
+
+    python launch/push.py runs/x your-name/memoria-gpt2 [--private] [--dry-run]
+
+See memoria_ds/train/push.py and docs/training.md ("Share a model").
+"""
+
+from memoria_ds.train.push import main
+
+if __name__ == "__main__":
+    main()
