@@ -11,6 +11,7 @@ segments exactly as training does; the ratios to the plain backbone are printed 
 Shapes (random weights; only the shapes matter for timing):
     small       4 layers, 256 wide, 4 heads, GPT-2's 50,257-token vocabulary
     gpt2        12 x 768, 12 heads        gpt2-large  36 x 1280, 20 heads
+    tiny12x64   12 x 64, 4 heads (launch-bound: what each extra small operation costs)
 
 Variants (`--variants`, comma separated): `transformer` (the plain backbone, the
 reference of every ratio), `xl`, `memoria` (the default: the authors' sequential block,
@@ -32,6 +33,12 @@ of a separate process running `--rss-steps` steps of that variant alone.
 `--flops` counts the FLOPs of one forward + backward per variant instead (torch's
 FlopCounterMode, eager attention so that attention matmuls are counted): the compute
 ratio at GPU shapes, measurable without a GPU.
+
+`--ops` counts the aten operations one forward + backward dispatches per variant (a
+TorchDispatchMode over the third step, memory engine included): on a GPU each is at least
+one kernel launch, so their ratio is what a host-bound step costs (issue 16's CPU target:
+at most 1.5x the plain model at `--shape gpt2 --batch 2 --segment 64`). The most frequent
+operations of each variant are printed beside the count.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ SHAPES = {
     "small": dict(n_layer=4, n_embd=256, n_head=4),
     "gpt2": dict(n_layer=12, n_embd=768, n_head=12),
     "gpt2-large": dict(n_layer=36, n_embd=1280, n_head=20),
+    "tiny12x64": dict(n_layer=12, n_embd=64, n_head=4),  # launch-bound: the per-op overhead is the cost
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -142,6 +150,30 @@ def flops_of(name: str, a: argparse.Namespace) -> float:
     return float(counter.get_total_flops())
 
 
+def ops_of(name: str, a: argparse.Namespace) -> tuple[int, list[tuple[str, int]]]:
+    """aten ops dispatched by one forward + backward (the third step: memory in use), and the
+    most frequent ones."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: Counter[str] = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    r = Runner(name, a)
+    r.step(timed=False)
+    r.step(timed=False)
+    with Count() as counter:
+        r.step(timed=False)
+    return sum(counter.ops.values()), counter.ops.most_common()
+
+
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -189,6 +221,7 @@ def main() -> None:
     p.add_argument("--rss", action="store_true", help="also measure peak RSS per variant on CPU (subprocesses)")
     p.add_argument("--rss-steps", type=int, default=3)
     p.add_argument("--flops", action="store_true", help="count FLOPs per variant instead of timing")
+    p.add_argument("--ops", action="store_true", help="count dispatched aten ops per variant instead of timing")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -200,6 +233,17 @@ def main() -> None:
     names = a.variants.split(",")
     if names[0] != "transformer":
         names = ["transformer"] + [n for n in names if n != "transformer"]
+    if a.ops:
+        counts = {n: ops_of(n, a) for n in names}
+        print(f"\naten ops of one forward + backward: shape={a.shape} batch={a.batch} segment={a.segment}")
+        for n in names:
+            total, common = counts[n]
+            top = ", ".join(f"{op} {c}" for op, c in common[:6])
+            print(f"{n:<20}{total:>8}{total / counts[names[0]][0]:>8.3f}   {top}")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"args": vars(a), "ops": {n: c[0] for n, c in counts.items()}}, f, indent=2)
+        return
     if a.flops:
         a.attn = "eager"  # attention as matmuls, which the counter sees (SDPA kernels it may not)
         counts = {n: flops_of(n, a) for n in names}
