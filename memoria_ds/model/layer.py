@@ -30,6 +30,7 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 from .config import MemoriaGPT2Config
 from .memory_attention import MemoryAttention, MemoryInputs
 from .extended_attention import ExtendedKeyValues
+from .hf_compat import ATTENTION_CACHE
 
 
 @dataclass
@@ -106,7 +107,7 @@ class MemoryBlock(GradientCheckpointingLayer):
         if inputs.collect_kv or memory_keys is not None or inputs.cache is not None:
             kv = ExtendedKeyValues(memory_keys, memory_values, inputs.cache)
         residual = hidden
-        attn_output, _ = block.attn(block.ln_1(hidden), past_key_values=kv, attention_mask=inputs.attention_mask)
+        attn_output, _ = block.attn(block.ln_1(hidden), attention_mask=inputs.attention_mask, **{ATTENTION_CACHE: kv})
         hidden = attn_output + residual
         weights = None
         if self.memory_attention is not None:

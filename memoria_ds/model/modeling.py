@@ -37,14 +37,34 @@ from .abstractor import Abstractor
 from .config import MemoriaGPT2Config
 from .extended_attention import self_attention_mask
 from .generation import MemoryGenerationMixin
+from .hf_compat import OUTPUT_CACHE
 from .layer import BlockInputs, MemoryBlock
 from .memory_attention import OutputProjection
 from .recurrent import BlockWrites, MemoryKind, MemoryRead, RecurrentMemory, memory_kind
 
 
 @dataclass
-class MemoriaCausalLMOutput(ModelOutput):
-    """Output of `MemoriaGPT2LMHeadModel.forward`.
+class _MemoriaOutput(ModelOutput):
+    loss: Tensor | None = None
+    logits: Tensor | None = None
+    memory: RecurrentMemory | None = None
+    memory_stats: MemoryStats | None = None
+
+
+if OUTPUT_CACHE == "cache":  # transformers >= 5.24
+
+    @dataclass
+    class MemoriaCausalLMOutput(_MemoriaOutput):
+        cache: Cache | None = None
+
+else:
+
+    @dataclass
+    class MemoriaCausalLMOutput(_MemoriaOutput):
+        past_key_values: Cache | None = None
+
+
+MemoriaCausalLMOutput.__doc__ = """Output of `MemoriaGPT2LMHeadModel.forward`.
 
     Attributes:
         loss: mean next-token cross-entropy over non-ignored targets (if labels were given).
@@ -53,14 +73,8 @@ class MemoriaCausalLMOutput(ModelOutput):
             place; a new one if None was passed). None during decoding in `generate()`.
         memory_stats: the engine's `MemoryStats` of this step (`memoria` only); rows that
             had no previous segment report an empty memory.
-        past_key_values: the decode cache (generation only).
+        cache (transformers >= 5.24) / past_key_values (5.23): the decode cache (generation only).
     """
-
-    loss: Tensor | None = None
-    logits: Tensor | None = None
-    memory: RecurrentMemory | None = None
-    memory_stats: MemoryStats | None = None
-    past_key_values: Cache | None = None
 
 
 class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
@@ -161,6 +175,7 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
         reset: Tensor | None = None,
         attention_mask: Tensor | None = None,
         past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         memory_context: MemoryRead | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | Tensor = 0,
@@ -182,7 +197,7 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             reset: (B,) bool, rows that start fresh before this segment.
             attention_mask: (B, L) (or (B, P + L) when decoding) 1 at real tokens; padded
                 positions are neither attended to nor stored.
-            past_key_values / memory_context / use_cache / logits_to_keep: used by
+            past_key_values (`cache` from transformers 5.24) / memory_context / use_cache / logits_to_keep: used by
                 `generate()`: decode within the current segment against a frozen memory
                 read (`memory_context`, from `memory_context()`), no memory step.
             inputs_embeds / output_attentions / output_hidden_states: not supported
@@ -196,6 +211,7 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             ValueError: inconsistent inputs (memory of another batch size or device, a
                 segment longer than GPT-2's positions, both kinds of labels, ...).
         """
+        past_key_values = past_key_values if past_key_values is not None else cache
         num_items_in_batch = self._check_call(labels, shift_labels, inputs_embeds, output_attentions,
                                               output_hidden_states, past_key_values, memory_context, kwargs)
         cfg, kind = self.config, self.memory_kind
@@ -247,7 +263,7 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             logits=logits,
             memory=memory,
             memory_stats=stats,
-            past_key_values=past_key_values if decoding or use_cache else None,
+            **{OUTPUT_CACHE: past_key_values if decoding or use_cache else None},
         )
 
     def _check_call(self, labels, shift_labels, inputs_embeds, output_attentions, output_hidden_states,
