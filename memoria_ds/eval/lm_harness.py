@@ -58,11 +58,13 @@ class MemoriaLM(TemplateLM):
         tokenizer: a tokenizer name or path (default: the export's own).
         trust_remote_code: load through the export's bundled code instead of memoria_ds.
         max_gen_toks: the longest generation (`generate_until`).
+        batch_size / max_batch_size: lm-eval's own; requests are scored one at a time (a
+            memory row per document). Any other argument is refused (a misspelt one too).
     """
 
     def __init__(self, pretrained: str, segment_length: int | None = None, device: str | None = None,
                  dtype: str = "auto", tokenizer: str | None = None, trust_remote_code: bool = False,
-                 max_gen_toks: int = 256, batch_size: Any = 1, **unused: Any) -> None:
+                 max_gen_toks: int = 256, batch_size: Any = 1, max_batch_size: Any = None) -> None:
         super().__init__()
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -159,3 +159,11 @@ def test_command_line_registers_the_model(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tiny_books" in proc.stdout and "word_perplexity" in proc.stdout
     assert list(out.rglob("results_*.json")), "lm-eval wrote no results file"
+
+
+def test_a_misspelt_model_argument_is_refused(tmp_path):
+    path, _ = _export(tmp_path, "memoria_wm")
+    with pytest.raises(TypeError, match="segment_lenght"):
+        MemoriaLM.create_from_arg_string(f"pretrained={path},segment_lenght=16", {"device": "cpu"})
+    with pytest.raises(ValueError, match="segment_length 999 must be in"):
+        MemoriaLM(pretrained=str(path), device="cpu", segment_length=999)
