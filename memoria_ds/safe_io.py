@@ -20,10 +20,14 @@ the user trusts:
 from __future__ import annotations
 
 import argparse
+import enum
 import hashlib
+import importlib
 import json
 import os
+import pickletools
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -157,11 +161,112 @@ def check_pickles(paths: list[Path], allowed: frozenset[str], writer: str) -> No
     """
     for path in paths:
         extra = sorted(pickle_globals(path) - allowed)
+        if extra and set(extra) <= _GETATTR:  # an enum member written as getattr(Enum, name): only that
+            extra = [why] if (why := _enum_lookups_only(path, allowed)) else []
         if extra:
             raise PickleRefused(
                 f"{path} would import {', '.join(extra[:4])} when loaded, which {writer} never writes: not loaded "
                 f"(a file that runs code on load; take checkpoints only from people you trust)"
             )
+
+
+# Some Python builds (3.11.0-3.11.3, e.g. Debian 12's 3.11.2) pickle an enum member as
+# `getattr(EnumClass, "member")`, so files they write import `getattr`. It is accepted in
+# exactly that form: called once per use, on an allow-listed Enum class, with a member's name.
+_GETATTR = frozenset({"builtins.getattr", "__builtin__.getattr"})
+_STRING_OPS = frozenset({"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE",
+                         "BINUNICODE8"})
+_MARK = object()
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Global(str):
+    """A class or function a pickle imports (its dotted name), as it moves on the pickle's stack."""
+
+
+def _data_pickle(path: str | os.PathLike) -> bytes:
+    with zipfile.ZipFile(path) as z:
+        (name,) = [n for n in z.namelist() if n.count("/") == 1 and n.endswith("/data.pkl")]
+        return z.read(name)
+
+
+def _enum_member(cls_name: str, member: Any, allowed: frozenset[str]) -> bool:
+    if cls_name not in allowed or type(member) is not str:
+        return False
+    module, _, name = cls_name.rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None)
+    return isinstance(cls, type) and issubclass(cls, enum.Enum) and member in cls.__members__
+
+
+def _enum_lookups_only(path: str | os.PathLike, allowed: frozenset[str]) -> str | None:
+    """None when every `getattr` in the torch.save file at `path` is `getattr(<allowed Enum>,
+    "<one of its members>")`; else a description of the first other use.
+
+    Reads the opcodes and follows what each does to the stack (what is imported, which
+    strings and tuples are built, what is memoized and fetched back) without unpickling.
+    """
+    stack: list[Any] = []
+    memo: dict[int, Any] = {}
+    bad = "builtins.getattr (not as an enum member lookup)"
+
+    def pop() -> Any:
+        item = stack.pop()
+        if isinstance(item, _Global) and item in _GETATTR:  # getattr used other than as REDUCE's function
+            raise _Refused
+        return item
+
+    def pop_to_mark() -> list[Any]:
+        items = []
+        while stack[-1] is not _MARK:
+            items.append(pop())
+        stack.pop()
+        return items[::-1]
+
+    try:
+        for op, arg, _ in pickletools.genops(_data_pickle(path)):
+            name = op.name
+            if name == "GLOBAL":
+                stack.append(_Global(arg.replace(" ", ".")))
+            elif name == "STACK_GLOBAL":
+                attr, module = pop(), pop()
+                stack.append(_Global(f"{module}.{attr}"))
+            elif name in _STRING_OPS:
+                stack.append(str(arg))
+            elif name == "MARK":
+                stack.append(_MARK)
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+                memo[arg] = stack[-1]
+            elif name == "MEMOIZE":
+                memo[len(memo)] = stack[-1]
+            elif name in ("GET", "BINGET", "LONG_BINGET"):
+                stack.append(memo[arg])
+            elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+                items = [pop() for _ in range(int(name[-1]))]
+                stack.append(tuple(items[::-1]))
+            elif name == "TUPLE":
+                stack.append(tuple(pop_to_mark()))
+            elif name == "REDUCE":
+                args, func = stack.pop(), stack.pop()
+                if isinstance(func, _Global) and func in _GETATTR:
+                    if not (isinstance(args, tuple) and len(args) == 2 and isinstance(args[0], _Global)
+                            and _enum_member(args[0], args[1], allowed)):
+                        return bad
+                stack.append(None)
+            else:  # any other opcode: pops what it takes and pushes results nothing here follows
+                for taken in reversed(op.stack_before):
+                    if taken is pickletools.stackslice:
+                        pop_to_mark()
+                    elif taken is not pickletools.markobject:
+                        pop()
+                stack.extend(None for _ in op.stack_after)
+    except _Refused:
+        return bad
+    except Exception as e:  # noqa: BLE001 - a pickle that cannot be followed is not loaded
+        return f"an unreadable pickle ({type(e).__name__}: {e})"
+    return None
 
 
 # --------------------------------------------------------------------------- conversion

@@ -62,3 +62,29 @@ def test_analysing_a_forged_memory_file_is_refused(tmp_path):
     assert proc.returncode != 0 and "is a pickle" in proc.stderr and "memoria_ds.safe_io convert" in proc.stderr, \
         proc.stderr[-2000:]
     assert not marker.exists()
+
+
+def test_a_checkpoint_from_a_python_that_pickles_enums_with_getattr_resumes(tmp_path, monkeypatch):
+    """Python 3.11.0-3.11.3 (Debian 12's 3.11.2) write DeepSpeed's ZeroStageEnum as
+    getattr(ZeroStageEnum, "gradients"): a genuine checkpoint of theirs must resume anywhere."""
+    import torch
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    run = tmp_path / "run"
+    check(run_training(run, "eval.at_end=false"))
+    ckpt = run / "checkpoints" / "step_00000006"
+    monkeypatch.setattr(ZeroStageEnum, "__reduce_ex__", lambda self, proto: (getattr, (type(self), self._name_)))
+    rewritten = []
+    for path in sorted((ckpt / "engine").rglob("*.pt")):
+        state = torch.load(path, weights_only=False)  # our own run's file
+        torch.save(state, path)
+        if "builtins.getattr" in torch.serialization.get_unsafe_globals_in_checkpoint(str(path)):
+            rewritten.append(path.relative_to(ckpt).as_posix())
+    assert rewritten, "no engine file holds the ZeRO stage enum"
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    for rel in rewritten:
+        manifest["files"][rel] = (ckpt / rel).stat().st_size
+        manifest["sha256"][rel] = hashlib.sha256((ckpt / rel).read_bytes()).hexdigest()
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    proc = check(run_training(run, "optim.max_steps=9", "eval.at_end=false", f"checkpoint.resume={ckpt}"))
+    assert "would import" not in proc.stdout + proc.stderr

@@ -110,3 +110,47 @@ def test_convert_rewrites_a_trusted_legacy_checkpoint_and_its_manifest(tmp_path,
     assert load_tree(ckpt / "rank_00000.safetensors")["stream_ids"] == [0]
     assert torch.equal(load_tree(ckpt / "engine" / "engine.safetensors")["module"]["w"], torch.ones(2))
     assert convert(tmp_path) == []  # nothing left to convert
+
+
+class _Call:
+    """Pickles as `func(*args)`: how Python 3.11.0-3.11.3 write an enum member is
+    `_Call(getattr, (EnumClass, "member"))`."""
+
+    def __init__(self, func, *args):
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return (self.func, self.args)
+
+
+def test_an_enum_member_pickled_as_getattr_is_accepted_and_nothing_else_is(tmp_path):
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    from memoria_ds.train.engine import DEEPSPEED_PICKLE_GLOBALS as allowed
+
+    member = _Call(getattr, ZeroStageEnum, "gradients")
+    ok = tmp_path / "ok.pt"  # the form Debian 12's Python 3.11.2 writes; getattr memoized and used twice
+    torch.save({"zero_stage": member, "again": _Call(getattr, ZeroStageEnum, "weights"), "w": torch.ones(2)}, ok)
+    assert "builtins.getattr" in torch.serialization.get_unsafe_globals_in_checkpoint(str(ok))
+    check_pickles([ok], allowed, "DeepSpeed")
+    loaded = torch.load(ok, weights_only=False)
+    assert loaded["zero_stage"] is ZeroStageEnum.gradients and loaded["again"] is ZeroStageEnum.weights
+
+    forged = {
+        "not_a_member": {"a": member, "b": _Call(getattr, ZeroStageEnum, "_missing_")},
+        "dunder": _Call(getattr, ZeroStageEnum, "__class__"),
+        "not_an_enum": _Call(getattr, LossScaler, "backward"),
+        "getattr_as_argument": _Call(LossScaler, getattr),
+        "getattr_itself": {"x": getattr},
+        "name_not_a_string": _Call(getattr, ZeroStageEnum, 2),
+    }
+    for name, payload in forged.items():
+        path = tmp_path / f"{name}.pt"
+        torch.save(payload, path)
+        with pytest.raises(PickleRefused, match=r"would import builtins.getattr \(not as an enum member lookup\)"):
+            check_pickles([path], allowed, "DeepSpeed")
+    # an enum that DeepSpeed does not write is refused for its import, before any getattr question
+    torch.save(_Call(getattr, torch.serialization.LoadEndianness, "NATIVE"), tmp_path / "other_enum.pt")
+    with pytest.raises(PickleRefused, match="LoadEndianness"):
+        check_pickles([tmp_path / "other_enum.pt"], allowed, "DeepSpeed")
