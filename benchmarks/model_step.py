@@ -18,7 +18,10 @@ reference of every ratio), `xl`, `memoria` (the default: the authors' sequential
 memory attention at 1/8 of the width, every block), `memoria_fast` (the `memoria_fast`
 preset: one query and one output projection for both uses), `memoria_full_width` (the
 authors' width), `memoria_width=R` (the default block at width R * n_embd) and
-`memoria_layers=K` (the default block in every K-th block only).
+`memoria_layers=K` (the default block in every K-th block only). A Memoria variant with
+`+compile` runs its memory engine compiled (`memory_compile="default"`), with
+`+cudagraphs` as CUDA graphs (`"reduce-overhead"`); the compilation happens in the
+untimed warm-up steps.
 
 The memory has the paper's WikiText-103 settings (N_wm = K_stm = K_ltm = 50, C_stm =
 400). Before timing, `--prefill` engine steps with random engrams bring each Memoria
@@ -66,8 +69,15 @@ SHAPES = {
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+COMPILE_SUFFIXES = {"+compile": "default", "+cudagraphs": "reduce-overhead"}  # the engine's `memory_compile`
+
+
 def variant_settings(name: str, n_layer: int) -> tuple[str, dict]:
     """(preset, extra `build_model` settings) of a variant name, for a backbone of `n_layer` blocks."""
+    for suffix, mode in COMPILE_SUFFIXES.items():
+        if name.endswith(suffix):
+            preset, extra = variant_settings(name[: -len(suffix)], n_layer)
+            return preset, {**extra, "memory_compile": mode}
     if name.startswith("memoria_layers="):
         every = int(name.split("=", 1)[1])
         return "memoria", {"memory_layers": list(range(every - 1, n_layer, every))}

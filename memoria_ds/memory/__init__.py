@@ -9,6 +9,7 @@ A step, for B rows at once::
 `state` is updated in place (clone it to keep the old one). See docs/algorithm.md.
 """
 
+from .compiled import COMPILE_MODES, MemoryEngine
 from .config import MemoriaConfig
 from .encode import write_working_memory
 from .memorize import memorize
@@ -18,6 +19,6 @@ from .state import EMPTY, KIND_NAMES, LTM, STM, WM, MemoryState
 from .stats import MemoryStats, graph_stats
 
 __all__ = [
-    "MemoriaConfig", "MemoryState", "Retrieval", "MemoryStats", "remind", "memorize", "write_working_memory",
+    "MemoriaConfig", "MemoryState", "MemoryEngine", "COMPILE_MODES", "Retrieval", "MemoryStats", "remind", "memorize", "write_working_memory",
     "graph_stats", "log_mean_similarity", "search_ltm", "EMPTY", "WM", "STM", "LTM", "KIND_NAMES",
 ]

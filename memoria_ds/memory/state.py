@@ -54,15 +54,20 @@ def vector_digest(vectors: Tensor) -> Tensor:
     changed coordinate; about 2^-21 for two, far less for more), and retrieval also
     requires equal squared norms.
     """
-    D = vectors.shape[-1]
-    if D >= _DIGEST_MAX_DIM:
-        raise ValueError(f"engram width {D} is above the supported {_DIGEST_MAX_DIM - 1}")
-    key = (D, str(vectors.device))
+    halves = vectors.contiguous().view(torch.int16).to(torch.float64)  # (..., 2D)
+    return (halves @ digest_multipliers(vectors.shape[-1], vectors.device)).to(torch.int64)
+
+
+def digest_multipliers(dim: int, device: torch.device | str) -> Tensor:
+    """(2 * dim,) float64: `vector_digest`'s fixed random integers, made once per width and
+    device (a compiled step finds them made: `MemoryEngine` asks first)."""
+    if dim >= _DIGEST_MAX_DIM:
+        raise ValueError(f"engram width {dim} is above the supported {_DIGEST_MAX_DIM - 1}")
+    key = (dim, str(device))
     if key not in _MULTIPLIERS:
         gen = torch.Generator().manual_seed(0x5EED)
-        _MULTIPLIERS[key] = torch.randint(1, 1 << 21, (2 * D,), generator=gen).to(vectors.device, torch.float64)
-    halves = vectors.contiguous().view(torch.int16).to(torch.float64)  # (..., 2D)
-    return (halves @ _MULTIPLIERS[key]).to(torch.int64)
+        _MULTIPLIERS[key] = torch.randint(1, 1 << 21, (2 * dim,), generator=gen).to(device, torch.float64)
+    return _MULTIPLIERS[key]
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any
 from huggingface_hub.dataclasses import strict
 from transformers import GPT2Config
 
-from ..memory import MemoriaConfig
+from ..memory import COMPILE_MODES, MemoriaConfig
 
 MEMORY_TYPES = ("none", "xl", "memoria")
 ATTENTION_MODES = ("sequential", "parallel")
@@ -106,6 +106,10 @@ class MemoriaGPT2Config(GPT2Config):
             choice; segments must fit in S).
         segment_length: the segment length the model is trained with; `generate()` feeds
             a long prompt in segments of this length unless told otherwise.
+        memory_compile: None (the memory engine runs eagerly) or a `torch.compile` mode
+            (`memoria_ds.memory.COMPILE_MODES`: "default", or "reduce-overhead" for CUDA
+            graphs on a GPU): the engine's remind and memorize each run as one compiled
+            graph, the same computation (`memoria_ds.memory.MemoryEngine`).
     """
 
     model_type = "memoria_gpt2"
@@ -122,6 +126,7 @@ class MemoriaGPT2Config(GPT2Config):
     xl_memory_length: int | None = None
     xl_positions: str = "shared"
     segment_length: int | None = None
+    memory_compile: str | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         # resolve the Memoria settings once (capacity included), so config.json is explicit
@@ -159,6 +164,8 @@ class MemoriaGPT2Config(GPT2Config):
             raise ValueError(
                 f"the memory attention width ({inner}) must be a positive multiple of `memory_heads` ({heads})"
             )
+        if self.memory_compile is not None and self.memory_compile not in COMPILE_MODES:
+            raise ValueError(f"`memory_compile` must be None or one of {COMPILE_MODES}, got {self.memory_compile!r}")
         if self.xl_positions not in XL_POSITIONS:
             raise ValueError(f"`xl_positions` must be one of {XL_POSITIONS}, got {self.xl_positions!r}")
         if self.xl_memory_length is not None and self.xl_memory_length < 1:

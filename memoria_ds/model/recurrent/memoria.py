@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ...memory import MemoriaConfig, MemoryState, MemoryStats, Retrieval, memorize, remind
+from ...memory import MemoriaConfig, MemoryEngine, MemoryState, MemoryStats, Retrieval
 from ...rows import BatchRows, rows_field
 from ..memory_attention import MemoryInputs
 from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead, check_format
@@ -130,6 +130,7 @@ class MemoriaKind(MemoryKind):
     def __init__(self, config) -> None:
         super().__init__(config)
         self._parsed: tuple[dict, MemoriaConfig] | None = None
+        self._engine = MemoryEngine()
 
     @property
     def settings(self) -> MemoriaConfig:
@@ -138,6 +139,14 @@ class MemoriaKind(MemoryKind):
         if self._parsed is None or self._parsed[0] != raw:
             self._parsed = (dict(raw), self.config.memoria_config)
         return self._parsed[1]
+
+    @property
+    def engine(self) -> MemoryEngine:
+        """The memory step, eager or compiled as `config.memory_compile` says (read at each use)."""
+        mode = getattr(self.config, "memory_compile", None)
+        if self._engine.mode != mode:
+            self._engine = MemoryEngine(mode)
+        return self._engine
 
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> MemoriaMemory:
         return MemoriaMemory.empty(self.settings, batch_size, self.config.n_embd, device=device)
@@ -148,7 +157,7 @@ class MemoriaKind(MemoryKind):
     def read(self, memory: MemoriaMemory, dtype: torch.dtype, abstractor: nn.Module) -> tuple[MemoriaRead, Retrieval]:
         active = memory.has_previous  # (B,)
         wm = abstractor(memory.prev_hidden.to(dtype), memory.prev_mask)  # (B, N, D)
-        retrieval = remind(memory.state, wm, self.settings)
+        retrieval = self.engine.remind(memory.state, wm, self.settings)
         mask = retrieval.reminded_mask & active[:, None]  # (B, R)
         reminded = retrieval.reminded.to(dtype)  # (B, R, D)
         engrams = torch.cat([wm, reminded], dim=1) if reminded.shape[1] else wm  # (B, N + R, D)
@@ -168,7 +177,7 @@ class MemoriaKind(MemoryKind):
             contribution = torch.stack(writes.weights).mean(dim=0)  # (B, R)
         else:
             contribution = torch.zeros(pending.reminded_slots.shape, device=hidden.device)
-        stats = memorize(memory.state, pending, contribution, self.settings)
+        stats = self.engine.memorize(memory.state, pending, contribution, self.settings)
         # rows without a previous segment wrote a placeholder WM: return them to fresh
         memory.state.reset(~read.wm_active)
         memory.prev_hidden = hidden.detach().to(torch.float32, copy=True)  # a copy: never aliases the graph

@@ -1,0 +1,84 @@
+"""The memory step as compiled graphs (`torch.compile`), with an eager fallback.
+
+`remind` and `memorize` have static shapes and no host synchronisation, so each traces as
+one graph (tested: no graph break). Compiled, a step launches a few fused kernels instead
+of hundreds of small ones, which is what a GPU's host-bound step pays for. The state is
+still updated in place, as in eager mode; the results are the same up to floating-point
+summation order (integer and boolean fields exactly, for inputs without near-ties).
+
+    engine = MemoryEngine("default")           # or None: eager, the default
+    retrieval = engine.remind(state, wm, config)
+    stats = engine.memorize(state, retrieval, weights, config)
+
+If compilation fails (no C++ compiler for inductor on CPU, an unsupported backend), the
+engine warns once and runs eagerly from then on; the state is untouched by the failed
+attempt (dynamo compiles before it runs anything).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Callable
+
+import torch
+
+from .config import MemoriaConfig
+from .memorize import memorize
+from .retrieval import Retrieval
+from .retrieve import remind
+from .state import MemoryState, digest_multipliers
+from .stats import MemoryStats
+
+# torch.compile's modes; "reduce-overhead" also captures CUDA graphs on a GPU
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@functools.cache
+def _compiled(fn: Callable, mode: str) -> Callable:
+    # one compiled function per (step, mode) in the process: every model shares its graphs
+    return torch.compile(fn, mode=mode, dynamic=False)
+
+
+class MemoryEngine:
+    """`remind` and `memorize`, run eagerly (`mode=None`) or as compiled graphs.
+
+    Args:
+        mode: None, or one of `COMPILE_MODES` (torch.compile's `mode`).
+    """
+
+    def __init__(self, mode: str | None = None) -> None:
+        if mode is not None and mode not in COMPILE_MODES:
+            raise ValueError(f"memory compile mode must be None or one of {COMPILE_MODES}, got {mode!r}")
+        self.mode = mode
+        self.fell_back: str | None = None  # why compilation was abandoned, if it was
+
+    @property
+    def compiled(self) -> bool:
+        return self.mode is not None and self.fell_back is None
+
+    def _run(self, fn: Callable, *args):
+        if not self.compiled:
+            return fn(*args)
+        try:
+            return _compiled(fn, self.mode)(*args)
+        except torch._dynamo.exc.TorchDynamoException as e:  # compilation, not the step, failed
+            cause = getattr(e, "inner_exception", None) or e  # a backend's own error, if it raised one
+            self.fell_back = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0]}"
+            warnings.warn(f"the memory engine could not be compiled ({self.fell_back[:300]}); running it eagerly",
+                          RuntimeWarning, stacklevel=3)
+            return fn(*args)
+
+    def remind(self, state: MemoryState, wm: torch.Tensor, config: MemoriaConfig) -> Retrieval:
+        """`memoria_ds.memory.remind`, compiled if asked."""
+        if self.compiled:
+            digest_multipliers(state.dim, state.device)  # a constant the graph reads, made outside it
+        return self._run(remind, state, wm, config)
+
+    def memorize(self, state: MemoryState, retrieval: Retrieval, weights: torch.Tensor,
+                 config: MemoriaConfig) -> MemoryStats:
+        """`memoria_ds.memory.memorize`, compiled if asked."""
+        return self._run(memorize, state, retrieval, weights, config)
+
+
+__all__ = ["COMPILE_MODES", "MemoryEngine"]
