@@ -7,9 +7,10 @@
 What it runs, each part timed and recorded (`--only` picks parts):
 
     tests      `pytest -m gpu`
-    memory     the memory-engine step alone, B=4 and B=8 (benchmarks/memory_step.py)
-    model      fwd+bwd of plain / xl / Memoria at the `gpt2` and `gpt2-large` shapes, bf16
-               (benchmarks/model_step.py)
+    memory     the memory-engine step alone, B=4 and B=8, eager and as CUDA graphs
+               (benchmarks/memory_step.py --compile reduce-overhead)
+    model      fwd+bwd of plain / xl / Memoria (also with its engine as CUDA graphs) at the
+               `gpt2` and `gpt2-large` shapes, bf16 (benchmarks/model_step.py)
     train      the design-card command, `deepspeed launch/finetune.py --deepspeed
                ds_configs/zero2.json`, bf16, `gpt2-large` shape from scratch, Memoria beside
                the plain backbone (tokens/s, peak GPU memory), a checkpoint mid-way; then the
@@ -51,13 +52,13 @@ SCALES = {
     "gpu": dict(train_backbone="gpt2-large", train_settings="{n_positions: 1024}", segment=150, micro=8, steps=24,
                 ckpt=12, kill=18, lora_shape=dict(n_embd=1600, n_layer=48, n_head=25), lora_micro=4, lora_steps=8,
                 model_shapes=["gpt2", "gpt2-large"], model_batch=8, model_rounds=10, model_dtype="bf16",
-                model_extra=[], memory_steps=200,
+                model_extra=[], memory_steps=200, compiled="reduce-overhead",
                 zero2="ds_configs/zero2.json", zero3="ds_configs/zero3.json", precision="bf16", memoria="{}"),
     "tiny": dict(train_backbone="gpt2", train_settings="{n_layer: 2, n_embd: 32, n_head: 2, n_positions: 64}",
                  segment=16, micro=2, steps=6, ckpt=3, kill=4, lora_shape=dict(n_embd=32, n_layer=2, n_head=2,
                  n_positions=64), lora_micro=2, lora_steps=3, model_shapes=["small"], model_batch=1,
                  model_rounds=2, model_dtype="fp32", model_extra=["--segment", "16", "--prefill", "2"],
-                 memory_steps=20, zero2="ds_configs/cpu.json", zero3="ds_configs/cpu_zero3.json",
+                 memory_steps=20, compiled=None, zero2="ds_configs/cpu.json", zero3="ds_configs/cpu_zero3.json",
                  precision="bf16", memoria="{memoria: {num_wm: 4, num_stm_reminded: 4, num_ltm_reminded: 4, "
                                            "stm_capacity: 16, search_depth: 2}}"),
 }
@@ -157,10 +158,13 @@ class Check:
             path = self.out / f"memory_step_b{b}.json"
             self.sh(f"memory_b{b}", [sys.executable, "benchmarks/memory_step.py", "--device",
                                      "cuda" if self.cuda else "cpu", "--batch-size", str(b), "--skip-official",
-                                     "--steps", str(self.s["memory_steps"]), "--json", str(path)])
+                                     "--steps", str(self.s["memory_steps"]), "--json", str(path),
+                                     *(["--compile", self.s["compiled"]] if self.s["compiled"] else [])])
             if path.exists():
-                run = json.loads(path.read_text())["runs"]["ours"][0]
-                out[f"B={b}"] = {"ms_per_step": run["median_step_ms_second_half"]}
+                runs = json.loads(path.read_text())["runs"]
+                out[f"B={b}"] = {"ms_per_step": runs["ours"][0]["median_step_ms_second_half"]}
+                if "compiled" in runs:  # the engine as CUDA graphs (memory_compile)
+                    out[f"B={b}"]["compiled_ms_per_step"] = runs["compiled"][0]["median_step_ms_second_half"]
         return out
 
     def model(self) -> dict:
@@ -171,7 +175,8 @@ class Check:
                                        "cuda" if self.cuda else "cpu", "--dtype", self.s["model_dtype"], "--batch",
                                        str(self.s["model_batch"]), "--rounds", str(self.s["model_rounds"]),
                                        *self.s["model_extra"],
-                                       "--variants", "transformer,xl,memoria,memoria_full_width", "--json", str(path)])
+                                       "--variants", "transformer,xl,memoria,memoria_full_width"
+                                       + (",memoria+cudagraphs" if self.s["compiled"] else ""), "--json", str(path)])
             if path.exists():
                 out[shape] = {r["variant"]: {"ms": 1e3 * r["step_s"], "ratio": r["ratio"],
                                              "peak_mib": r.get("peak_mb")} for r in json.loads(path.read_text())["results"]}
@@ -290,8 +295,11 @@ def markdown(r: dict) -> str:
     if "tests" in p:
         lines += ["## `pytest -m gpu`", "", f"{p['tests'].get('summary', '')}", ""]
     if p.get("memory"):
-        lines += ["## Memory engine step alone (paper sizes)", "", "| batch | ms/step |", "|---|---|"]
-        lines += [f"| {k} | {v['ms_per_step']:.2f} |" for k, v in p["memory"].items() if k != "seconds"]
+        lines += ["## Memory engine step alone (paper sizes)", "", "| batch | ms/step, eager | ms/step, compiled |",
+                  "|---|---|---|"]
+        lines += [f"| {k} | {v['ms_per_step']:.2f} | "
+                  + (f"{v['compiled_ms_per_step']:.2f}" if "compiled_ms_per_step" in v else "-") + " |"
+                  for k, v in p["memory"].items() if k != "seconds"]
         lines.append("")
     for shape, rows in ((k, v) for k, v in p.get("model", {}).items() if k != "seconds"):
         lines += [f"## fwd+bwd at the `{shape}` shape, bf16", "", "| variant | ms | ratio | peak MiB |",

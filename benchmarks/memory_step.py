@@ -15,8 +15,12 @@ median step time over the second half (memory full), over the first half, peak R
 `--phases` times memoria_ds's step phase by phase (the engine's stage functions called one
 by one, as `remind` and `memorize` call them) and prints the median of each.
 
+`--compile MODE` also times memoria_ds with its engine compiled (`MemoryEngine(MODE)`,
+a torch.compile mode: `default`, or `reduce-overhead` for CUDA graphs), side by side with
+the eager engine; compilation happens in the first steps, so compare the second half.
+
 `--device cuda` times memoria_ds alone on a GPU with CUDA synchronisation (the authors'
-package is not timed there). `--worker ours|official` runs one measurement (used by the
+package is not timed there). `--worker ours|compiled|official` runs one measurement (used by the
 driver; handy for profiling).
 """
 
@@ -58,22 +62,25 @@ def _setup(a: argparse.Namespace):
     return cfg, state, device, sync
 
 
-def run_ours(a: argparse.Namespace) -> dict:
-    from memoria_ds.memory import memorize, remind
+def run_ours(a: argparse.Namespace, mode: str | None = None) -> dict:
+    from memoria_ds.memory import MemoryEngine
 
+    engine = MemoryEngine(mode)
     cfg, state, device, sync = _setup(a)
     times, engrams = [], 0.0
     for _ in range(a.steps):
         wm = torch.randn(a.batch_size, a.num_wm, a.hidden, device=device)
         sync()
         t0 = time.perf_counter()
-        retrieval = remind(state, wm, cfg)
+        retrieval = engine.remind(state, wm, cfg)
         weights = _load_weights(a.batch_size, a.queries, retrieval.reminded_mask, None)
-        stats = memorize(state, retrieval, weights, cfg)
+        stats = engine.memorize(state, retrieval, weights, cfg)
         sync()
         times.append(time.perf_counter() - t0)
     engrams = stats.engrams[:, 1:].sum(dim=1).float().mean().item()
-    result = _summary("memoria_ds", a, times)
+    result = _summary("memoria_ds" if mode is None else f"memoria_ds+{mode}", a, times)
+    if engine.fell_back:
+        result["fell_back"] = engine.fell_back
     result.update(capacity=cfg.capacity, count_dtype=cfg.count_dtype, engrams_per_row_end=engrams,
                   found_ltm_end=stats.found_ltm.float().mean().item(), device=str(device))
     if device.type == "cuda":
@@ -152,10 +159,11 @@ def _summary(name: str, a: argparse.Namespace, times: list[float]) -> dict:
 
 def _worker_cmd(a: argparse.Namespace, impl: str) -> list[str]:
     keep = ["steps", "batch_size", "hidden", "num_wm", "num_stm_rem", "num_ltm_rem", "stm_capacity",
-            "initial_lifespan", "alpha", "depth", "queries", "threads", "seed", "search", "count_dtype", "device"]
+            "initial_lifespan", "alpha", "depth", "queries", "threads", "seed", "search", "count_dtype", "device", "compile"]
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", impl]
     for k in keep:
-        cmd += [f"--{k.replace('_', '-')}", str(getattr(a, k))]
+        if getattr(a, k) is not None:
+            cmd += [f"--{k.replace('_', '-')}", str(getattr(a, k))]
     return cmd
 
 
@@ -179,7 +187,8 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--rounds", type=int, default=1, help="alternating runs of each implementation")
     p.add_argument("--skip-official", action="store_true", help="time memoria_ds only")
-    p.add_argument("--worker", choices=["ours", "official"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--compile", default=None, help="also time the engine compiled with this torch.compile mode")
+    p.add_argument("--worker", choices=["ours", "compiled", "official"], default=None, help=argparse.SUPPRESS)
     p.add_argument("--phases", action="store_true", help="time memoria_ds's step phase by phase")
     p.add_argument("--json", default=None, help="also write all results here")
     a = p.parse_args()
@@ -193,10 +202,12 @@ def main() -> None:
         return
     if a.worker is not None:
         a.initial_lifespan = int(a.initial_lifespan) if a.worker == "official" else a.initial_lifespan
-        print(json.dumps(run_ours(a) if a.worker == "ours" else run_official(a)))
+        run = {"ours": lambda: run_ours(a), "compiled": lambda: run_ours(a, a.compile), "official": lambda: run_official(a)}
+        print(json.dumps(run[a.worker]()))
         return
 
     impls = ["ours"] if (a.skip_official or a.device != "cpu") else ["official", "ours"]
+    impls += ["compiled"] if a.compile else []
     runs: dict[str, list[dict]] = {i: [] for i in impls}
     for r in range(a.rounds):
         for impl in impls:
@@ -224,6 +235,11 @@ def main() -> None:
         print(f"peak RSS ours / authors': {summary['rss_ratio']:.3f} (smallest of each: "
               f"{best('ours', 'peak_rss_mb'):.0f} MB / {best('official', 'peak_rss_mb'):.0f} MB); per round "
               f"{', '.join(f'{x:.3f}' for x in rss_ratios)}")
+    if "compiled" in runs:
+        ratios = [c["median_step_ms_second_half"] / m["median_step_ms_second_half"]
+                  for c, m in zip(runs["compiled"], runs["ours"])]
+        summary["compiled_over_eager_per_round"] = ratios
+        print(f"compiled ({a.compile}) / eager step time, per round: {', '.join(f'{x:.2f}x' for x in ratios)}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(summary, f, indent=1)
