@@ -27,8 +27,7 @@ from memoria_ds.data.streams import StreamLayout, TokenStreams
 from memoria_ds.data.token_corpus import TokenCorpus
 from memoria_ds.eval.protocols import EvalProtocol, protocol_from_name
 from memoria_ds.eval.result import EvalResult, write_results
-from memoria_ds.eval.scoring import all_reduce_sums, token_nll
-from memoria_ds.eval.scoring import dist_coordinates, evaluating, model_device
+from memoria_ds.eval.scoring import all_reduce_sums, dist_coordinates, evaluating, model_device, token_nll
 from memoria_ds.data.segments import run_segments
 
 
