@@ -147,9 +147,32 @@ def clip(opt, knobs, max_norm: float) -> float:
     return norms[0]
 
 
-def update(loss: torch.Tensor, opt, sched, knobs: dict, grad_clip: float) -> float:
-    """One optimiser step on `loss` (backward, clipping, step, schedule); returns the loss."""
+def group_norms(opt) -> tuple[float, float]:
+    """(backbone, memory modules) gradient norms before clipping."""
+    out = []
+    for is_mem in (False, True):
+        grads = [p.grad for g in opt.param_groups if g["memory"] == is_mem for p in g["params"] if p.grad is not None]
+        out.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x) for x in grads])))
+                   if grads else 0.0)
+    return out[0], out[1]
+
+
+def curve(losses: list[float], norms: list[tuple[float, float]], points: int = 20) -> list[dict]:
+    """The training curve in `points` windows: mean loss and mean backbone / memory gradient norms."""
+    size = max(1, len(losses) // points)
+    return [{"update": i + size, "loss": statistics.fmean(losses[i:i + size]),
+             "grad_backbone": statistics.fmean(n[0] for n in norms[i:i + size]),
+             "grad_memory": statistics.fmean(n[1] for n in norms[i:i + size])}
+            for i in range(0, len(losses) - size + 1, size)]  # fmt: skip
+
+
+def update(loss: torch.Tensor, opt, sched, knobs: dict, grad_clip: float,
+           norms: list[tuple[float, float]] | None = None) -> float:
+    """One optimiser step on `loss` (backward, clipping, step, schedule); returns the loss.
+    `norms`, if given, gets this step's (backbone, memory) gradient norms before clipping."""
     loss.backward()
+    if norms is not None:
+        norms.append(group_norms(opt))
     if grad_clip:
         clip(opt, knobs, grad_clip)
     opt.step()
@@ -158,14 +181,14 @@ def update(loss: torch.Tensor, opt, sched, knobs: dict, grad_clip: float) -> flo
     return loss.item()
 
 
-def train(spec: str, seed: int, a, corpus: TokenCorpus) -> tuple[torch.nn.Module, list[float]]:
+def train(spec: str, seed: int, a, corpus: TokenCorpus) -> tuple[torch.nn.Module, list[float], list]:
     model, knobs = make_model(spec, a, seed)
     model.train()
     opt, sched = optimiser(model, a, knobs)
     streams = TokenStreams(corpus, num_streams=a.streams, segment_length=a.segment, tail="drop",
                            shuffle_documents=False, seed=seed)  # fmt: skip
     policy = ResetPolicy.parse(a.reset)
-    memory, losses = None, []
+    memory, losses, norms = None, [], []
     batches = iter(streams)
     for step in range(a.steps):
         batch = next(batches, None)
@@ -174,8 +197,8 @@ def train(spec: str, seed: int, a, corpus: TokenCorpus) -> tuple[torch.nn.Module
             batch = next(batches)
         out = model(batch.input_ids, shift_labels=batch.targets, memory=memory, reset=policy.reset_mask(batch, step))
         memory = out.memory
-        losses.append(update(out.loss, opt, sched, knobs, a.grad_clip))
-    return model, losses
+        losses.append(update(out.loss, opt, sched, knobs, a.grad_clip, norms))
+    return model, losses, norms
 
 
 @torch.no_grad()
@@ -263,7 +286,7 @@ def main() -> None:
     for spec in a.variants.split(","):
         for seed in [int(s) for s in a.seeds.split(",")]:
             t0 = time.perf_counter()
-            model, losses = train(spec, seed, a, corpus)
+            model, losses, norms = train(spec, seed, a, corpus)
             train_s = time.perf_counter() - t0
             per_text = {name: score(model, toks, a) for name, toks in held.items()}
             ppl = {name: math.exp(sum(s for s, _ in v) / sum(n for _, n in v)) for name, v in per_text.items()}
@@ -276,7 +299,7 @@ def main() -> None:
             r = dict(variant=spec, seed=seed, train_loss_last100=statistics.fmean(losses[-100:]),
                      train_loss_curve=[statistics.fmean(losses[i:i + 100]) for i in range(0, len(losses), 100)],
                      ppl=ppl, nll_by_segment=by_pos, nll_by_bucket=bucket_nll, memory_gain=memory_gain,
-                     train_s=train_s)  # fmt: skip
+                     curve=curve(losses, norms), train_s=train_s)  # fmt: skip
             results.append(r)
             print(f"{spec:<40} seed {seed}  train {r['train_loss_last100']:.3f}  "
                   + "  ".join(f"{k} {v:.1f}" for k, v in ppl.items())

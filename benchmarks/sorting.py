@@ -53,7 +53,7 @@ from memoria_ds.eval.sorting import evaluate_sorting
 from memoria_ds.model import PRESETS, build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_text import optimiser, parse_variant, update  # noqa: E402  (the same optimiser and variant syntax)
+from real_text import curve, optimiser, parse_variant, update  # noqa: E402  (the same optimiser and variant syntax)
 
 CHANCE = statistics.fmean(1.0 / (NUM_SYMBOLS - k) for k in range(NUM_SYMBOLS))
 
@@ -77,7 +77,7 @@ def make_model(spec: str, a: argparse.Namespace, seed: int) -> tuple[torch.nn.Mo
     return build_model(backbone, preset, **settings), knobs
 
 
-def train(spec: str, seed: int, a: argparse.Namespace, data) -> tuple[torch.nn.Module, list[float]]:
+def train(spec: str, seed: int, a: argparse.Namespace, data) -> tuple[torch.nn.Module, list[float], list]:
     streams = ExampleStreams(data, batch_size=a.batch, segment_length=a.segment, shuffle=True, seed=seed,
                              drop_last=True)  # fmt: skip
     a.steps = a.epochs * streams.num_batches * len(streams.scored_segments)  # updates, for the LR schedule
@@ -85,7 +85,7 @@ def train(spec: str, seed: int, a: argparse.Namespace, data) -> tuple[torch.nn.M
     model.train()
     opt, sched = optimiser(model, a, knobs)
     policy = ResetPolicy(at_document_start=True)
-    memory, losses = None, []
+    memory, losses, norms = None, [], []
     for epoch in range(a.epochs):
         for step in range(streams.steps_per_epoch):
             batch = streams.batch_at(epoch, step)
@@ -95,8 +95,8 @@ def train(spec: str, seed: int, a: argparse.Namespace, data) -> tuple[torch.nn.M
                             reset=policy.reset_mask(batch))  # fmt: skip
             memory = out.memory
             if scored:
-                losses.append(update(out.loss, opt, sched, knobs, a.grad_clip))
-    return model, losses
+                losses.append(update(out.loss, opt, sched, knobs, a.grad_clip, norms))
+    return model, losses, norms
 
 
 def oracle(test, segment: int) -> list[float]:
@@ -128,12 +128,12 @@ def run_one(a: argparse.Namespace, k: int, spec: str, seed: int, seen: list[floa
     train_ds = generate_sorting(a.train_examples, length, seed=a.data_seed, split="train")
     test_ds = generate_sorting(a.test_examples, length, seed=a.data_seed, split="test")
     t0 = time.perf_counter()
-    model, losses = train(spec, seed, a, train_ds)
+    model, losses, norms = train(spec, seed, a, train_ds)
     train_s = time.perf_counter() - t0
     r = evaluate_sorting(model, test_ds, segment_length=a.segment, batch_size=a.batch, progress=False)
     return dict(segments=k, variant=spec, seed=seed, accuracy=r.accuracy, answer_nll=r.nll,
                 train_loss_last=statistics.fmean(losses[-max(1, len(losses) // 10):]), updates=len(losses),
-                train_s=train_s, oracle=seen)  # fmt: skip
+                train_s=train_s, oracle=seen, curve=curve(losses, norms))  # fmt: skip
 
 
 def report(r: dict) -> None:
