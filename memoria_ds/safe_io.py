@@ -249,11 +249,14 @@ def _enum_lookups_only(path: str | os.PathLike, allowed: frozenset[str]) -> str 
             elif name == "TUPLE":
                 stack.append(tuple(pop_to_mark()))
             elif name == "REDUCE":
-                args, func = stack.pop(), stack.pop()
-                if isinstance(func, _Global) and func in _GETATTR:
+                if isinstance(stack[-2], _Global) and stack[-2] in _GETATTR:
+                    args = stack.pop()
+                    stack.pop()
                     if not (isinstance(args, tuple) and len(args) == 2 and isinstance(args[0], _Global)
                             and _enum_member(args[0], args[1], allowed)):
                         return bad
+                else:  # any other call: neither its function nor its arguments may be getattr
+                    pop(), pop()
                 stack.append(None)
             else:  # any other opcode: pops what it takes and pushes results nothing here follows
                 for taken in reversed(op.stack_before):
