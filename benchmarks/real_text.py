@@ -157,12 +157,24 @@ def group_norms(opt) -> tuple[float, float]:
     return out[0], out[1]
 
 
-def curve(losses: list[float], norms: list[tuple[float, float]], points: int = 20) -> list[dict]:
-    """The training curve in `points` windows: mean loss and mean backbone / memory gradient norms."""
-    size = max(1, len(losses) // points)
+def watch_residual(model):
+    """(list, hook handle): the list gets, at every forward until the handle is removed, the
+    mean norm of the final residual stream (ln_f's input). A memory path that swamps the
+    backbone shows as this growing by orders of magnitude."""
+    seen: list[float] = []
+    handle = model.transformer.ln_f.register_forward_pre_hook(
+        lambda _m, args: seen.append(float(args[0].detach().norm(dim=-1).mean())))
+    return seen, handle
+
+
+def curve(losses: list[float], norms: list[tuple[float, float]], residual: list[float], points: int = 20) -> list[dict]:
+    """The training curve in `points` windows: mean loss, mean backbone / memory gradient norms,
+    and the mean final-residual norm (over the window's forwards, also unscored ones)."""
+    size, per = max(1, len(losses) // points), max(1, len(residual) // max(1, len(losses)))
     return [{"update": i + size, "loss": statistics.fmean(losses[i:i + size]),
              "grad_backbone": statistics.fmean(n[0] for n in norms[i:i + size]),
-             "grad_memory": statistics.fmean(n[1] for n in norms[i:i + size])}
+             "grad_memory": statistics.fmean(n[1] for n in norms[i:i + size]),
+             "residual_norm": statistics.fmean(residual[i * per:(i + size) * per] or [float("nan")])}
             for i in range(0, len(losses) - size + 1, size)]  # fmt: skip
 
 
@@ -188,7 +200,7 @@ def train(spec: str, seed: int, a, corpus: TokenCorpus) -> tuple[torch.nn.Module
     streams = TokenStreams(corpus, num_streams=a.streams, segment_length=a.segment, tail="drop",
                            shuffle_documents=False, seed=seed)  # fmt: skip
     policy = ResetPolicy.parse(a.reset)
-    memory, losses, norms = None, [], []
+    (residual, hook), memory, losses, norms = watch_residual(model), None, [], []
     batches = iter(streams)
     for step in range(a.steps):
         batch = next(batches, None)
@@ -198,7 +210,8 @@ def train(spec: str, seed: int, a, corpus: TokenCorpus) -> tuple[torch.nn.Module
         out = model(batch.input_ids, shift_labels=batch.targets, memory=memory, reset=policy.reset_mask(batch, step))
         memory = out.memory
         losses.append(update(out.loss, opt, sched, knobs, a.grad_clip, norms))
-    return model, losses, norms
+    hook.remove()
+    return model, losses, (norms, residual)
 
 
 @torch.no_grad()
@@ -286,7 +299,7 @@ def main() -> None:
     for spec in a.variants.split(","):
         for seed in [int(s) for s in a.seeds.split(",")]:
             t0 = time.perf_counter()
-            model, losses, norms = train(spec, seed, a, corpus)
+            model, losses, (norms, residual) = train(spec, seed, a, corpus)
             train_s = time.perf_counter() - t0
             per_text = {name: score(model, toks, a) for name, toks in held.items()}
             ppl = {name: math.exp(sum(s for s, _ in v) / sum(n for _, n in v)) for name, v in per_text.items()}
@@ -299,7 +312,7 @@ def main() -> None:
             r = dict(variant=spec, seed=seed, train_loss_last100=statistics.fmean(losses[-100:]),
                      train_loss_curve=[statistics.fmean(losses[i:i + 100]) for i in range(0, len(losses), 100)],
                      ppl=ppl, nll_by_segment=by_pos, nll_by_bucket=bucket_nll, memory_gain=memory_gain,
-                     curve=curve(losses, norms), train_s=train_s)  # fmt: skip
+                     curve=curve(losses, norms, residual), train_s=train_s)  # fmt: skip
             results.append(r)
             print(f"{spec:<40} seed {seed}  train {r['train_loss_last100']:.3f}  "
                   + "  ".join(f"{k} {v:.1f}" for k, v in ppl.items())

@@ -53,7 +53,7 @@ from memoria_ds.eval.sorting import evaluate_sorting
 from memoria_ds.model import PRESETS, build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_text import curve, optimiser, parse_variant, update  # noqa: E402  (the same optimiser and variant syntax)
+from real_text import curve, optimiser, parse_variant, update, watch_residual  # noqa: E402  (the same optimiser and variant syntax)
 
 CHANCE = statistics.fmean(1.0 / (NUM_SYMBOLS - k) for k in range(NUM_SYMBOLS))
 
@@ -85,7 +85,7 @@ def train(spec: str, seed: int, a: argparse.Namespace, data) -> tuple[torch.nn.M
     model.train()
     opt, sched = optimiser(model, a, knobs)
     policy = ResetPolicy(at_document_start=True)
-    memory, losses, norms = None, [], []
+    (residual, hook), memory, losses, norms = watch_residual(model), None, [], []
     for epoch in range(a.epochs):
         for step in range(streams.steps_per_epoch):
             batch = streams.batch_at(epoch, step)
@@ -96,7 +96,8 @@ def train(spec: str, seed: int, a: argparse.Namespace, data) -> tuple[torch.nn.M
             memory = out.memory
             if scored:
                 losses.append(update(out.loss, opt, sched, knobs, a.grad_clip, norms))
-    return model, losses, norms
+    hook.remove()
+    return model, losses, (norms, residual)
 
 
 def oracle(test, segment: int) -> list[float]:
@@ -128,12 +129,12 @@ def run_one(a: argparse.Namespace, k: int, spec: str, seed: int, seen: list[floa
     train_ds = generate_sorting(a.train_examples, length, seed=a.data_seed, split="train")
     test_ds = generate_sorting(a.test_examples, length, seed=a.data_seed, split="test")
     t0 = time.perf_counter()
-    model, losses, norms = train(spec, seed, a, train_ds)
+    model, losses, (norms, residual) = train(spec, seed, a, train_ds)
     train_s = time.perf_counter() - t0
     r = evaluate_sorting(model, test_ds, segment_length=a.segment, batch_size=a.batch, progress=False)
     return dict(segments=k, variant=spec, seed=seed, accuracy=r.accuracy, answer_nll=r.nll,
                 train_loss_last=statistics.fmean(losses[-max(1, len(losses) // 10):]), updates=len(losses),
-                train_s=train_s, oracle=seen, curve=curve(losses, norms))  # fmt: skip
+                train_s=train_s, oracle=seen, curve=curve(losses, norms, residual))  # fmt: skip
 
 
 def report(r: dict) -> None:

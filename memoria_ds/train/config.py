@@ -202,6 +202,10 @@ class OptimSection(Section):
         weight_decay: AdamW weight decay on matrices (0 = Adam, as the paper).
         warmup_ratio: linear warm-up over this fraction of the steps, then linear decay to 0.
         grad_clip: gradient norm clipping (paper: 1.0); 0 disables it.
+        memory_lr_scale: the learning rate of the modules Memoria adds (abstractor, memory
+            attentions) as a multiple of `lr` (paper: 1, one rate). Below 1 steadies a
+            from-scratch run at a high `lr`, where the memory path can otherwise swamp the
+            residual stream (docs/training.md, "The memory's learning rate").
         micro_batch_size: streams per rank per micro-batch.
         grad_accum: micro-batches per optimiser step.
         epochs: passes over the training split (ignored when `max_steps` is set).
@@ -218,6 +222,7 @@ class OptimSection(Section):
     eps: Number = 1e-8
     warmup_ratio: Number = 0.06
     grad_clip: Number = 1.0
+    memory_lr_scale: Number = 1.0
     micro_batch_size: int = 8
     grad_accum: int = 1
     epochs: int = 3
@@ -227,9 +232,11 @@ class OptimSection(Section):
 
     @model_validator(mode="after")
     def check(self):
-        for name in ("lr", "weight_decay", "eps", "grad_clip", "warmup_ratio"):
+        for name in ("lr", "weight_decay", "eps", "grad_clip", "warmup_ratio", "memory_lr_scale"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"`optim.{name}` ({getattr(self, name)}) must be a finite number")
+        if self.memory_lr_scale <= 0:
+            raise ValueError(f"`optim.memory_lr_scale` ({self.memory_lr_scale}) must be > 0 (1 = the paper's single rate)")
         if self.lr <= 0:
             raise ValueError(f"`optim.lr` ({self.lr}) must be > 0")
         if not 0 <= self.warmup_ratio < 1:

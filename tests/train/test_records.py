@@ -59,3 +59,36 @@ def test_changed_optimizer_settings_are_applied_over_a_restored_state():
     assert all(g["betas"] == (0.8, 0.99) and g["eps"] == 1e-6 for g in (decay, no_decay))
     assert new.lr() == decay["lr"] == 5e-4 * 7 / 10  # step 3 of a 10-step linear decay, new peak
     assert new.apply_hyperparameters(now) == {}
+
+
+def test_the_memory_modules_learning_rate_scale(tiny_gpt2_config):
+    """optim.memory_lr_scale: the abstractor and memory attentions get lr * scale, the backbone lr,
+    through the schedule and over a restored state; 1 keeps the two groups checkpoints always had."""
+    from memoria_ds.model import build_model
+    from memoria_ds.train.config import OptimSection
+    from memoria_ds.train.engine import TorchEngine, param_groups
+
+    torch.manual_seed(0)
+    model = build_model(tiny_gpt2_config, "memoria", memoria={"num_wm": 2, "num_stm_reminded": 2,
+                                                               "num_ltm_reminded": 2, "stm_capacity": 4})
+    memory = {id(p) for m in model.memory_modules() for p in m.parameters()}
+    assert len(param_groups(model, 0.1)) == 2
+    engine = TorchEngine(model, torch.device("cpu"), OptimSection(lr=1e-3, weight_decay=0.1, warmup_ratio=0.0,
+                                                                  memory_lr_scale=0.1), total_steps=10,
+                         precision="fp32")
+    groups = engine.optimizer.param_groups
+    assert len(groups) == 4 and sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    for g in groups:
+        is_mem = {id(p) in memory for p in g["params"]}
+        assert len(is_mem) == 1  # a group is all backbone or all memory
+        assert g["lr"] == (1e-4 if is_mem.pop() else 1e-3)
+        assert g["weight_decay"] == (0.1 if g["params"][0].dim() >= 2 else 0.0)
+    x = torch.randint(0, 257, (2, 8))
+    for _ in range(3):
+        engine.backward(model(x, labels=x).loss)
+        engine.step()
+    assert [g["lr"] for g in groups] == [1e-3 * 7 / 10, 1e-3 * 7 / 10, 1e-4 * 7 / 10, 1e-4 * 7 / 10]
+    changed = engine.apply_hyperparameters(OptimSection(lr=2e-3, weight_decay=0.1, warmup_ratio=0.0,
+                                                        memory_lr_scale=0.5))
+    assert changed == {"lr": (1e-3, 2e-3)}
+    assert [g["lr"] for g in groups] == [2e-3 * 0.7, 2e-3 * 0.7, 1e-3 * 0.7, 1e-3 * 0.7]

@@ -97,6 +97,16 @@ def set_aside_newer(info: CheckpointInfo, run_dir: Path, log) -> Path | None:
 
 
 def check_compatible(info: CheckpointInfo, cfg: RunConfig) -> None:
+    # the optimizer's groups: the memory modules have their own only with memory_lr_scale != 1
+    was = info.manifest.get("meta", {}).get("config", {}).get("optim", {}).get("memory_lr_scale", 1.0)
+    if (was != 1.0) != (cfg.optim.memory_lr_scale != 1.0):
+        raise CheckpointError(
+            f"checkpoint {info.path} was made with optim.memory_lr_scale={was}, which "
+            + ("keeps one learning rate for all parameters" if was == 1.0 else "gives the memory modules "
+               "optimizer groups of their own") + f"; optim.memory_lr_scale={cfg.optim.memory_lr_scale} cannot "
+            f"continue its optimizer state: resume with " + ("1" if was == 1.0 else "a value other than 1")
+            + " (any such value applies from the next step), or start a new run_dir"
+        )
     saved = info.manifest.get("meta", {}).get("fingerprint", {})
     mine = fingerprint(cfg)
     for key in ("model", "data"):

@@ -33,14 +33,42 @@ def linear_warmup_decay(total_steps: int, warmup_ratio: float):
     return factor
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Trainable parameters; matrices decay, biases and norm gains do not."""
-    decay, no_decay = [], []
+def group_layout(model: nn.Module, memory_lr_scale: float = 1.0) -> list[tuple[bool, bool]]:
+    """(decays, is memory) of each optimizer group `param_groups` makes, in order."""
+    return [(decay, memory) for decay, memory, _ in _grouped(model, memory_lr_scale)]
+
+
+def _grouped(model: nn.Module, memory_lr_scale: float) -> list[tuple[bool, bool, list[nn.Parameter]]]:
+    memory_ids = set()
+    if memory_lr_scale != 1.0 and hasattr(model, "memory_modules"):
+        memory_ids = {id(p) for m in model.memory_modules() for p in m.parameters()}
+    buckets: dict[tuple[bool, bool], list[nn.Parameter]] = {}
     for _, p in model.named_parameters():
         if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
+            # p.dim(), as checkpoints were always grouped (a ZeRO-3 partition is 1-D, so under
+            # ZeRO-3 every parameter lands in the no-decay group)
+            buckets.setdefault((p.dim() >= 2, id(p) in memory_ids), []).append(p)
+    order = [(True, False), (False, False), (True, True), (False, True)]
+    return [(decay, memory, buckets[(decay, memory)]) for decay, memory in order if buckets.get((decay, memory))]
+
+
+def param_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
+                 memory_lr_scale: float = 1.0) -> list[dict[str, Any]]:
+    """Trainable parameters; matrices decay, biases and norm gains do not.
+
+    With `memory_lr_scale != 1`, the modules Memoria adds (`model.memory_modules()`) get
+    groups of their own at `lr * memory_lr_scale` (backbone groups first; `group_layout`
+    gives the order). With 1, there are two groups, as checkpoints before this option have.
+    """
+    groups = []
+    for decay, memory, params in _grouped(model, memory_lr_scale):
+        group: dict[str, Any] = {"params": params, "weight_decay": weight_decay if decay else 0.0}
+        if memory_lr_scale != 1.0:
+            if lr is None:
+                raise ValueError("param_groups needs `lr` to scale the memory modules' learning rate")
+            group["lr"] = lr * (memory_lr_scale if memory else 1.0)
+        groups.append(group)
+    return groups
 
 
 def guard_loss(loss: torch.Tensor, scored: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,6 +144,10 @@ class TrainEngine(ABC):
         lr, weight_decay, betas, eps = optim.lr, optim.weight_decay, tuple(optim.betas), optim.eps
         opt, sched = self._optimizer_and_scheduler()
         groups = opt.param_groups
+        layout = group_layout(self.module, optim.memory_lr_scale)
+        if len(layout) != len(groups):
+            raise RuntimeError(f"the optimizer has {len(groups)} parameter groups where the model and "
+                               f"optim.memory_lr_scale give {len(layout)}")
         changed: dict[str, tuple[Any, Any]] = {}
         saved = {"lr": sched.base_lrs[0], "weight_decay": max(g.get("weight_decay", 0.0) for g in groups),
                  "betas": tuple(groups[0].get("betas", betas)), "eps": groups[0].get("eps", eps)}
@@ -123,14 +155,11 @@ class TrainEngine(ABC):
         for key in now:
             if saved[key] != now[key]:
                 changed[key] = (saved[key], now[key])
-        sched.base_lrs = [lr] * len(sched.base_lrs)
-        # `param_groups` puts the decaying matrices first when there are any (ZeRO-3 keeps the
-        # full shape of a partitioned parameter in `ds_shape`)
-        has_matrices = any(len(getattr(p, "ds_shape", p.shape)) >= 2 for p in self.module.parameters()
-                           if p.requires_grad)
-        for i, (group, fn) in enumerate(zip(groups, sched.lr_lambdas)):
-            group["lr"] = lr * fn(sched.last_epoch)
-            group["weight_decay"] = weight_decay if i == 0 and has_matrices else 0.0
+        peaks = [lr * (optim.memory_lr_scale if memory else 1.0) for _, memory in layout]
+        sched.base_lrs = list(peaks)
+        for group, fn, peak, (decay, _) in zip(groups, sched.lr_lambdas, peaks, layout):
+            group["lr"] = peak * fn(sched.last_epoch)
+            group["weight_decay"] = weight_decay if decay else 0.0
             if "betas" in group:
                 group["betas"] = tuple(betas)
             if "eps" in group:

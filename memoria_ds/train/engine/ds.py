@@ -75,7 +75,7 @@ class DeepSpeedEngine(TrainEngine):
         gives the optimizer and schedule; `total_steps` is the schedule's length in updates."""
         import deepspeed
 
-        groups = param_groups(model, optim.weight_decay)
+        groups = param_groups(model, optim.weight_decay, optim.lr, optim.memory_lr_scale)
         optimizer = None
         if "optimizer" not in ds_config:  # no compile needed; fused kernels on CUDA
             fused = torch.cuda.is_available()

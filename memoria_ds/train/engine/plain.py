@@ -31,7 +31,8 @@ class TorchEngine(TrainEngine):
             raise ValueError("the plain-PyTorch engine supports fp32 and bf16; use DeepSpeed for fp16")
         self.module = model.to(device)
         self.device = device
-        self.optimizer = torch.optim.AdamW(param_groups(model, optim.weight_decay), lr=optim.lr,
+        self.optimizer = torch.optim.AdamW(param_groups(model, optim.weight_decay, optim.lr, optim.memory_lr_scale),
+                                           lr=optim.lr,
                                            betas=tuple(optim.betas), eps=optim.eps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
                                                            linear_warmup_decay(total_steps, optim.warmup_ratio))
