@@ -90,5 +90,5 @@ def test_the_memory_modules_learning_rate_scale(tiny_gpt2_config):
     assert [g["lr"] for g in groups] == [1e-3 * 7 / 10, 1e-3 * 7 / 10, 1e-4 * 7 / 10, 1e-4 * 7 / 10]
     changed = engine.apply_hyperparameters(OptimSection(lr=2e-3, weight_decay=0.1, warmup_ratio=0.0,
                                                         memory_lr_scale=0.5))
-    assert changed == {"lr": (1e-3, 2e-3)}
+    assert changed == {"lr": (1e-3, 2e-3), "memory_lr_scale": (0.1, 0.5)}
     assert [g["lr"] for g in groups] == [2e-3 * 0.7, 2e-3 * 0.7, 1e-3 * 0.7, 1e-3 * 0.7]

@@ -152,6 +152,10 @@ class TrainEngine(ABC):
         saved = {"lr": sched.base_lrs[0], "weight_decay": max(g.get("weight_decay", 0.0) for g in groups),
                  "betas": tuple(groups[0].get("betas", betas)), "eps": groups[0].get("eps", eps)}
         now = {"lr": lr, "weight_decay": weight_decay, "betas": tuple(betas), "eps": eps}
+        if any(memory for _, memory in layout):  # the memory modules' own groups: their scale too
+            first = [memory for _, memory in layout].index(True)
+            saved["memory_lr_scale"] = float(f"{sched.base_lrs[first] / sched.base_lrs[0]:.12g}")
+            now["memory_lr_scale"] = optim.memory_lr_scale
         for key in now:
             if saved[key] != now[key]:
                 changed[key] = (saved[key], now[key])
