@@ -152,8 +152,7 @@ def group_norms(opt) -> tuple[float, float]:
     out = []
     for is_mem in (False, True):
         grads = [p.grad for g in opt.param_groups if g["memory"] == is_mem for p in g["params"] if p.grad is not None]
-        out.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x) for x in grads])))
-                   if grads else 0.0)
+        out.append(float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0)
     return out[0], out[1]
 
 

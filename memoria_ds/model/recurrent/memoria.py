@@ -143,9 +143,8 @@ class MemoriaKind(MemoryKind):
     @property
     def engine(self) -> MemoryEngine:
         """The memory step, eager or compiled as `config.memory_compile` says (read at each use)."""
-        mode = getattr(self.config, "memory_compile", None)
-        if self._engine.mode != mode:
-            self._engine = MemoryEngine(mode)
+        if self._engine.mode != self.config.memory_compile:
+            self._engine = MemoryEngine(self.config.memory_compile)
         return self._engine
 
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> MemoriaMemory:
