@@ -11,10 +11,10 @@ memory must help). Mean and spread over seeds.
 
     python benchmarks/real_text.py                                       # the default comparison
     python benchmarks/real_text.py --variants transformer,memoria --seeds 0 --steps 300
-    python benchmarks/real_text.py --train my_books/*.txt --heldout other/*.txt
+    python benchmarks/real_text.py --train a.txt,b.txt --heldout c.txt,sotu:2020-2021
 
-Texts (each name is a text of one or more documents; a document is never split across
-streams' resets nor across held-out windows):
+Texts (each name is a text of one or more documents; with the default `--reset` the memory
+is reset at every document start in training, and no held-out window spans two documents):
 - Canterbury-corpus books from the source distribution of the PyPI package `brotli` (its
   test data): `plrabn12` (*Paradise Lost*), `lcet10` (the Library of Congress *Workshop on
   Electronic Texts*), `alice29` (*Alice's Adventures in Wonderland*), `asyoulik` (*As You
@@ -27,7 +27,7 @@ streams' resets nor across held-out windows):
   pinned sha512 before use.
 - any local .txt file (one document).
 The default trains on the addresses of 1790-1999 and the two Canterbury books
-(2.4 M tokens) and holds out the addresses of 2000-2021, *Moby-Dick* and *Alice*.
+(2.1 M tokens) and holds out the addresses of 2000-2021, *Moby-Dick* and *Alice*.
 
 Variants are presets (`transformer`, `xl`, `memoria`, `memoria_full_width`, ...) with
 optional `+key=value` model settings, e.g. `memoria+memory_init=random` or
