@@ -105,7 +105,10 @@ def npm_package(name: str) -> Path:
     if not (root / "package.json").exists():
         registry = os.environ.get("MEMORIA_DS_NPM_REGISTRY", "https://registry.npmjs.org").rstrip("/")
         url = f"{registry}/{package}/-/{package.split('/')[-1]}-{version}.tgz"
-        data = urllib.request.urlopen(url, timeout=120).read()
+        try:
+            data = urllib.request.urlopen(url, timeout=120).read()
+        except OSError as e:
+            raise SystemExit(f"{url}: {e}; set MEMORIA_DS_NPM_REGISTRY to a reachable npm registry or mirror") from None
         digest = "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
         if digest != integrity:
             raise SystemExit(f"{url}: sha512 {digest[:27]}... is not the pinned {integrity[:27]}...; not used")

