@@ -50,6 +50,7 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -83,18 +84,24 @@ OPT_KNOBS = {
 
 
 def canterbury(name: str) -> Path:
-    """A Canterbury text from brotli's sdist (downloaded once with pip, cached)."""
+    """A Canterbury text from brotli's sdist (downloaded once with pip, cached).
+
+    Every process downloads into its own temporary directory and moves each text into place
+    with one atomic rename, so runs started side by side on an empty cache never see a
+    half-written text."""
     path = CACHE / f"{name}.txt"
     if not path.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                        "--dest", str(CACHE), BROTLI_SDIST], check=True)  # fmt: skip
-        sdist = next(CACHE.glob("[Bb]rotli-*.tar.gz"))
-        with tarfile.open(sdist) as tar:
-            for member in tar.getmembers():
-                stem = Path(member.name).stem
-                if Path(member.name).parent.name == "testdata" and member.name.endswith(".txt") and stem in CANTERBURY:
-                    (CACHE / f"{stem}.txt").write_bytes(tar.extractfile(member).read())
+        with tempfile.TemporaryDirectory(dir=CACHE, prefix=".brotli-") as tmp:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                            "--dest", tmp, BROTLI_SDIST], check=True)  # fmt: skip
+            sdist = next(Path(tmp).glob("[Bb]rotli-*.tar.gz"))
+            with tarfile.open(sdist) as tar:
+                for member in tar.getmembers():
+                    stem = Path(member.name).stem
+                    if Path(member.name).parent.name == "testdata" and member.name.endswith(".txt") and stem in CANTERBURY:
+                        (Path(tmp) / f"{stem}.txt").write_bytes(tar.extractfile(member).read())
+                        os.replace(Path(tmp) / f"{stem}.txt", CACHE / f"{stem}.txt")
     return path
 
 
@@ -112,17 +119,24 @@ def npm_package(name: str) -> Path:
         digest = "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
         if digest != integrity:
             raise SystemExit(f"{url}: sha512 {digest[:27]}... is not the pinned {integrity[:27]}...; not used")
-        tmp = CACHE / f".{name}-{version}.partial"
-        shutil.rmtree(tmp, ignore_errors=True)
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            for member in tar.getmembers():  # regular files under package/ only (no links, no `..`)
-                parts = Path(member.name).parts
-                if member.isfile() and parts[0] == "package" and ".." not in parts:
-                    (tmp / member.name).parent.mkdir(parents=True, exist_ok=True)
-                    (tmp / member.name).write_bytes(tar.extractfile(member).read())
-        shutil.rmtree(root, ignore_errors=True)
-        (tmp / "package").rename(root)
-        shutil.rmtree(tmp)
+        CACHE.mkdir(parents=True, exist_ok=True)
+        # each process unpacks into its own directory and moves it into place with one atomic
+        # rename: runs started side by side on an empty cache never read a half-unpacked package
+        with tempfile.TemporaryDirectory(dir=CACHE, prefix=f".{name}-{version}.") as tmp:
+            tmp = Path(tmp)
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                for member in tar.getmembers():  # regular files under package/ only (no links, no `..`)
+                    parts = Path(member.name).parts
+                    if member.isfile() and parts[0] == "package" and ".." not in parts:
+                        (tmp / member.name).parent.mkdir(parents=True, exist_ok=True)
+                        (tmp / member.name).write_bytes(tar.extractfile(member).read())
+            if root.exists() and not (root / "package.json").exists():
+                shutil.rmtree(root)  # an incomplete copy left by an older version of this script
+            try:
+                (tmp / "package").rename(root)
+            except OSError:
+                if not (root / "package.json").exists():
+                    raise  # not another run having finished first
     return root
 
 

