@@ -7,11 +7,14 @@ Each held-out text is then cut into documents of `--eval-segments` segments; eve
 document starts with an empty memory and is read segment by segment with its memory
 carried. Reported per variant: held-out perplexity per text, and the mean NLL by segment
 position inside the documents (segment 0 has no memory to use; the later ones are where a
-memory must help). Mean and spread over seeds.
+memory must help). Mean and spread over seeds, and every variant against the plain model
+of the same seed (paired: same data, same starting backbone).
 
     python benchmarks/real_text.py                                       # the default comparison
     python benchmarks/real_text.py --variants transformer,memoria --seeds 0 --steps 300
     python benchmarks/real_text.py --train a.txt,b.txt --heldout c.txt,sotu:2020-2021
+    python benchmarks/real_text.py --seeds 1 --json s1.json & python benchmarks/real_text.py --seeds 2 --json s2.json
+    python benchmarks/real_text.py --merge s1.json s2.json                # their summary together
 
 Texts (each name is a text of one or more documents; with the default `--reset` the memory
 is reset at every document start in training, and no held-out window spans two documents):
@@ -348,6 +351,57 @@ def position_buckets(n: int) -> list[tuple[int, int]]:
     return out
 
 
+def summary(results: list[dict], baseline: str = "transformer") -> str:
+    """Mean and spread over seeds per variant, then each variant against `baseline` paired by seed.
+
+    The paired table is the change in held-out perplexity against the baseline run of the
+    same seed (same data, same starting backbone), in percent: mean (min..max over seeds).
+    A variant is ahead beyond the seed spread on a text when its max is below zero."""
+    variants = list(dict.fromkeys(r["variant"] for r in results))
+    texts = list(results[0]["ppl"])
+    buckets = position_buckets(len(results[0]["nll_by_segment"]))
+    n_buckets = len(buckets)
+    lines = ["mean ± spread (min..max)/2 over seeds",
+             f"{'variant':<40}{'seeds':>6}" + "".join(f"{h:>16}" for h in ["train loss", "memory gain", *(f"ppl {k}" for k in texts),
+                                                                        *(f"seg {lo}" + (f"-{hi - 1}" if hi - lo > 1 else "") for lo, hi in buckets)])]  # fmt: skip
+    for spec in variants:
+        rs = [r for r in results if r["variant"] == spec]
+        cols = [[r["train_loss_last100"] for r in rs], [r["memory_gain"] for r in rs]]
+        cols += [[r["ppl"][k] for r in rs] for k in texts]
+        cols += [[r["nll_by_bucket"][i] for r in rs] for i in range(n_buckets)]
+        lines.append(f"{spec:<40}{len(rs):>6}" + "".join(f"{statistics.fmean(c):>9.3f} ±{(max(c) - min(c)) / 2:<6.3f}" for c in cols))
+    base = {r["seed"]: r for r in results if r["variant"] == baseline}
+    if base:
+        lines += ["", f"held-out perplexity against {baseline}, same seed: mean % (min..max)",
+                  f"{'variant':<40}{'seeds':>6}" + "".join(f"{k:>26}" for k in texts)]
+        for spec in variants:
+            rs = [r for r in results if r["variant"] == spec and r["seed"] in base and spec != baseline]
+            if rs:
+                cells = []
+                for k in texts:
+                    d = [100 * (r["ppl"][k] / base[r["seed"]]["ppl"][k] - 1) for r in rs]
+                    cells.append(f"{statistics.fmean(d):+.1f} ({min(d):+.1f}..{max(d):+.1f})")
+                lines.append(f"{spec:<40}{len(rs):>6}" + "".join(f"{c:>26}" for c in cells))
+    return "\n".join(lines)
+
+
+def merge_results(paths: list[str]) -> list[dict]:
+    """The results of several --json files, refused unless they ran the same comparison."""
+    runs = [json.loads(Path(f).read_text()) for f in paths]
+    keep = ("train", "heldout", "steps", "streams", "segment", "layers", "width", "heads", "num_wm", "lr",
+            "weight_decay", "grad_clip", "reset", "eval_segments", "eval_windows", "full_vocab")  # fmt: skip
+    for f, run in zip(paths[1:], runs[1:]):
+        differ = [k for k in keep if run["args"].get(k) != runs[0]["args"].get(k)]
+        if differ:
+            raise SystemExit(f"{f}: not the same comparison as {paths[0]} (differs in {', '.join(differ)}); merge runs of one setting")
+    results = [r for run in runs for r in run["results"]]
+    seen = [(r["variant"], r["seed"]) for r in results]
+    twice = sorted({x for x in seen if seen.count(x) > 1})
+    if twice:
+        raise SystemExit(f"variant and seed {twice[0]} is in more than one file; merge each run once")
+    return results
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", default="transformer,xl,memoria,memoria_full_width")
@@ -374,7 +428,12 @@ def main() -> None:
                    help="GPT-2's 50,257 ids (default: only the ids the texts use, renumbered: same tokens, 4x faster)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", default=None)
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="print the summary of earlier runs' --json files together (e.g. seeds run side by side), train nothing")
     a = p.parse_args()
+    if a.merge:
+        print(summary(merge_results(a.merge)))
+        return
     torch.set_num_threads(a.threads)
 
     tok = gpt2_tokenizer_offline()
@@ -421,15 +480,7 @@ def main() -> None:
                   + f"  memory gain {memory_gain:.4f} ("
                   + ", ".join(f"{k} {v:+.4f}" for k, v in gain_by_text.items()) + f")  ({train_s:.0f}s)", flush=True)  # fmt: skip
 
-    print("\nmean ± spread (min..max) over seeds")
-    head = ["train loss", "memory gain"] + [f"ppl {k}" for k in held] + [f"seg {lo}" + (f"-{hi - 1}" if hi - lo > 1 else "") for lo, hi in buckets]
-    print(f"{'variant':<40}" + "".join(f"{h:>16}" for h in head))
-    for spec in a.variants.split(","):
-        rs = [r for r in results if r["variant"] == spec]
-        cols = [[r["train_loss_last100"] for r in rs], [r["memory_gain"] for r in rs]]
-        cols += [[r["ppl"][k] for r in rs] for k in held]
-        cols += [[r["nll_by_bucket"][i] for r in rs] for i in range(len(buckets))]
-        print(f"{spec:<40}" + "".join(f"{statistics.fmean(c):>9.3f} ±{(max(c) - min(c)) / 2:<6.3f}" for c in cols))
+    print(summary(results))
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "results": results}, indent=2))
 

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import importlib.util
 import io
+import json
 import shutil
 import sys
 import tarfile
@@ -135,6 +136,40 @@ def test_a_run_that_finishes_unpacking_second_keeps_the_first_runs_copy(bench, t
     assert bench.load_texts(["moby_dick"]) == {"moby_dick": ["Call me Ishmael."]}
     assert len(calls) == 2
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["moby_dick-9.9.9"]
+
+
+def result(variant, seed, ppl, gain=0.0):
+    return dict(variant=variant, seed=seed, train_loss_last100=5.0, memory_gain=gain, ppl=ppl,
+                nll_by_segment=[7.0, 6.0, 5.0, 4.0], nll_by_bucket=[7.0, 6.0, 4.5])
+
+
+def test_the_summary_pairs_every_variant_with_the_plain_model_of_its_seed(bench):
+    results = [result("transformer", 0, {"a": 100.0, "b": 200.0}), result("transformer", 1, {"a": 50.0, "b": 400.0}),
+               result("memoria", 1, {"a": 45.0, "b": 404.0}, gain=0.03), result("memoria", 0, {"a": 98.0, "b": 190.0}, gain=0.01)]
+    text = bench.summary(results)
+    # a: -2% (seed 0) and -10% (seed 1); b: -5% and +1%
+    assert "-6.0 (-10.0..-2.0)" in text and "-2.0 (-5.0..+1.0)" in text
+    mean_row = next(line for line in text.splitlines() if line.startswith("memoria") and "±" in line)
+    assert mean_row.split()[1:4] == ["2", "5.000", "±0.000"] and "0.020 ±0.010" in mean_row  # gain: mean, (max-min)/2
+    assert "seg 0" in text and "seg 2-3" in text
+    assert "against transformer" not in bench.summary([r for r in results if r["variant"] == "memoria"])
+
+
+def test_merging_runs_refuses_other_settings_and_runs_counted_twice(bench, tmp_path):
+    args = {"train": "t", "heldout": "h", "steps": 2000}
+
+    def write(name, results, **over):
+        path = tmp_path / name
+        path.write_text(json.dumps({"args": {**args, **over}, "results": results}))
+        return str(path)
+
+    one = write("1.json", [result("transformer", 1, {"a": 1.0})])
+    two = write("2.json", [result("transformer", 2, {"a": 1.0})])
+    assert [r["seed"] for r in bench.merge_results([one, two])] == [1, 2]
+    with pytest.raises(SystemExit, match="differs in steps"):
+        bench.merge_results([one, write("3.json", [result("transformer", 3, {"a": 1.0})], steps=600)])
+    with pytest.raises(SystemExit, match="more than one file"):
+        bench.merge_results([one, write("4.json", [result("transformer", 1, {"a": 1.0})])])
 
 
 def test_an_unreachable_registry_is_one_line_naming_the_setting(bench):
