@@ -10,12 +10,15 @@ What it runs, each part timed and recorded (`--only` picks parts):
     memory     the memory-engine step alone, B=4 and B=8, eager and as CUDA graphs
                (benchmarks/memory_step.py --compile reduce-overhead)
     model      fwd+bwd of plain / xl / Memoria (also with its engine as CUDA graphs) at the
-               `gpt2` and `gpt2-large` shapes, bf16 (benchmarks/model_step.py)
+               `gpt2` and `gpt2-large` shapes, bf16 (benchmarks/model_step.py); at the `gpt2`
+               shape also plain and Memoria each whole as CUDA graphs (`+model_cudagraphs`)
     train      the design-card command, `deepspeed launch/finetune.py --deepspeed
                ds_configs/zero2.json`, bf16, `gpt2-large` shape from scratch, Memoria beside
                the plain backbone (tokens/s, peak GPU memory), a checkpoint mid-way; then the
                Memoria run killed after a later step and resumed with `--resume auto`: its
-               losses are compared with the uninterrupted run's (bit-identical or not)
+               losses are compared with the uninterrupted run's (bit-identical or not); and
+               both models again with `model.compile=reduce-overhead` (the whole step as
+               CUDA graphs; tokens/s beside the eager runs)
     lora       ZeRO-3 + LoRA at the `gpt2-xl` shape (a local backbone built from its config:
                no hub), Memoria beside plain, with the adapter exported and checked non-empty
 
@@ -171,15 +174,19 @@ class Check:
         out = {}
         for shape in self.s["model_shapes"]:
             path = self.out / f"model_step_{shape}.json"
+            whole = ",transformer+model_cudagraphs,memoria+model_cudagraphs" if (
+                self.s["compiled"] and shape == self.s["model_shapes"][0]) else ""
             self.sh(f"model_{shape}", [sys.executable, "benchmarks/model_step.py", "--shape", shape, "--device",
                                        "cuda" if self.cuda else "cpu", "--dtype", self.s["model_dtype"], "--batch",
                                        str(self.s["model_batch"]), "--rounds", str(self.s["model_rounds"]),
                                        *self.s["model_extra"],
                                        "--variants", "transformer,xl,memoria,memoria_full_width"
-                                       + (",memoria+cudagraphs" if self.s["compiled"] else ""), "--json", str(path)])
+                                       + (",memoria+cudagraphs" if self.s["compiled"] else "") + whole,
+                                       "--json", str(path)])
             if path.exists():
                 out[shape] = {r["variant"]: {"ms": 1e3 * r["step_s"], "ratio": r["ratio"],
-                                             "peak_mib": r.get("peak_mb")} for r in json.loads(path.read_text())["results"]}
+                                             "peak_mib": r.get("peak_mb"), "ratio_same_mode": r.get("ratio_same_mode")}
+                              for r in json.loads(path.read_text())["results"]}
         return out
 
     def train(self) -> dict:
@@ -208,6 +215,15 @@ class Check:
                     out["resume"] = {"compared_steps": f"{after[0]}-{after[-1]}", "steps_compared": len(diffs),
                                      "bit_identical": len(diffs) == len(after) and max(diffs) == 0.0,
                                      "max_abs_loss_diff": max(diffs) if diffs else None}
+        if s["compiled"]:  # the whole step compiled, through the same loop (ZeRO-2 supports it)
+            for preset in PRESETS:
+                run = self.out / f"train_{preset}_compiled"
+                shutil.rmtree(run, ignore_errors=True)
+                args = self.finetune_args(run, preset, s["zero2"], *common, "checkpoint.every=0",
+                                          f"model.settings={model_settings(s, preset, s['train_settings'])}",
+                                          f"model.compile={s['compiled']}")
+                if self.launch(f"train_{preset}_compiled", args).returncode == 0:
+                    out[f"{preset}_compiled"] = self.train_figures(run)
         return out
 
     def lora(self) -> dict:
@@ -302,21 +318,24 @@ def markdown(r: dict) -> str:
                   for k, v in p["memory"].items() if k != "seconds"]
         lines.append("")
     for shape, rows in ((k, v) for k, v in p.get("model", {}).items() if k != "seconds"):
-        lines += [f"## fwd+bwd at the `{shape}` shape, bf16", "", "| variant | ms | ratio | peak MiB |",
-                  "|---|---|---|---|"]
-        lines += [f"| {n} | {v['ms']:.1f} | {v['ratio']:.3f} | {v['peak_mib'] or '-'} |" for n, v in rows.items()]
+        lines += [f"## fwd+bwd at the `{shape}` shape, bf16", "",
+                  "| variant | ms | ratio | peak MiB | vs plain, same mode |", "|---|---|---|---|---|"]
+        lines += [f"| {n} | {v['ms']:.1f} | {v['ratio']:.3f} | {v['peak_mib'] or '-'} | "
+                  f"{'-' if v.get('ratio_same_mode') is None else format(v['ratio_same_mode'], '.3f')} |"
+                  for n, v in rows.items()]
         lines.append("")
     for part, title in (("train", "Design-card training (ZeRO-2)"), ("lora", "ZeRO-3 + LoRA")):
-        runs = {k: v for k, v in p.get(part, {}).items() if k in PRESETS}
+        runs = {k: v for k, v in p.get(part, {}).items() if k.removesuffix("_compiled") in PRESETS}
         if runs:
             lines += [f"## {title}", "", "| preset | steps | tokens/s | peak GPU GiB | extra |", "|---|---|---|---|---|"]
             for n, v in runs.items():
                 extra = f"adapter tensors {v['adapter']['tensors']}, complete {v['adapter']['complete']}" \
                     if "adapter" in v else ""
                 lines.append(f"| {n} | {v['steps']} | {v['tokens_per_s']:.0f} | {v['gpu_peak_gib']:.2f} | {extra} |")
-            if "transformer" in runs and "memoria" in runs:
-                lines.append(f"\nMemoria / plain tokens/s: "
-                             f"{runs['memoria']['tokens_per_s'] / runs['transformer']['tokens_per_s']:.3f}")
+            for mode in ("", "_compiled"):
+                if f"transformer{mode}" in runs and f"memoria{mode}" in runs:
+                    lines.append(f"\nMemoria / plain tokens/s{' (model.compile, both)' if mode else ''}: "
+                                 f"{runs[f'memoria{mode}']['tokens_per_s'] / runs[f'transformer{mode}']['tokens_per_s']:.3f}")
             lines.append("")
     if "resume" in p.get("train", {}):
         res = p["train"]["resume"]
@@ -343,6 +362,8 @@ def dry_run(a: argparse.Namespace) -> int:
         plans.append((f"train_{preset}", s["zero2"], [f"model.backbone={s['train_backbone']}",
                       "model.from_scratch=true", f"model.settings={model_settings(s, preset, s['train_settings'])}",
                       f"optim.micro_batch_size={s['micro']}", f"model.preset={preset}"]))
+        if s["compiled"]:
+            plans.append((f"train_{preset}_compiled", s["zero2"], [*plans[-1][2], f"model.compile={s['compiled']}"]))
         shape = "{" + ", ".join(f"{k}: {v}" for k, v in s["lora_shape"].items()) + "}"
         plans.append((f"lora_{preset}(shape)", s["zero3"], ["model.backbone=gpt2", "model.from_scratch=true",
                       f"model.settings={model_settings(s, preset, shape)}", f"optim.micro_batch_size={s['lora_micro']}",

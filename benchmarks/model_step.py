@@ -20,8 +20,12 @@ preset: one query and one output projection for both uses), `memoria_full_width`
 authors' width), `memoria_width=R` (the default block at width R * n_embd) and
 `memoria_layers=K` (the default block in every K-th block only). A Memoria variant with
 `+compile` runs its memory engine compiled (`memory_compile="default"`), with
-`+cudagraphs` as CUDA graphs (`"reduce-overhead"`); the compilation happens in the
-untimed warm-up steps.
+`+cudagraphs` as CUDA graphs (`"reduce-overhead"`). Any variant with `+model_compile`
+runs the *whole* model compiled (`model.compile()`, as `model.compile=default` does in
+training: backbone, memory attention, abstractor and engine, forward and backward, one graph
+each), with `+model_cudagraphs` as CUDA graphs (`reduce-overhead`); compare
+`memoria+model_compile` with `transformer+model_compile` (printed as "vs plain, same mode").
+Compilation happens in the untimed warm-up steps (at least 3 for a compiled variant).
 
 The memory has the paper's WikiText-103 settings (N_wm = K_stm = K_ltm = 50, C_stm =
 400). Before timing, `--prefill` engine steps with random engrams bring each Memoria
@@ -41,7 +45,10 @@ ratio at GPU shapes, measurable without a GPU.
 TorchDispatchMode over the third step, memory engine included): on a GPU each is at least
 one kernel launch, so their ratio is what a host-bound step costs (issue 16's CPU target:
 at most 1.5x the plain model at `--shape gpt2 --batch 2 --segment 64`). The most frequent
-operations of each variant are printed beside the count.
+operations of each variant are printed beside the count. For a `+model_compile` variant,
+which dispatches no aten op per operation, it counts the kernels its compiled graphs call
+instead (inductor's fused kernels and the library calls, matmuls and attention, that
+they make: what the host launches; torch.profiler over the fourth step).
 """
 
 from __future__ import annotations
@@ -70,6 +77,15 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 COMPILE_SUFFIXES = {"+compile": "default", "+cudagraphs": "reduce-overhead"}  # the engine's `memory_compile`
+MODEL_COMPILE_SUFFIXES = {"+model_compile": "default", "+model_cudagraphs": "reduce-overhead"}  # `model.compile()`
+
+
+def model_compile_mode(name: str) -> tuple[str, str | None]:
+    """(the variant without its whole-model compile suffix, that suffix's torch.compile mode or None)."""
+    for suffix, mode in MODEL_COMPILE_SUFFIXES.items():
+        if name.endswith(suffix):
+            return name[: -len(suffix)], mode
+    return name, None
 
 
 def variant_settings(name: str, n_layer: int) -> tuple[str, dict]:
@@ -91,10 +107,14 @@ def variant_settings(name: str, n_layer: int) -> tuple[str, dict]:
 
 def make_model(name: str, a: argparse.Namespace) -> torch.nn.Module:
     shape = SHAPES[a.shape]
+    name, whole = model_compile_mode(name)
     preset, extra = variant_settings(name, shape["n_layer"])
     backbone = GPT2Config(n_positions=1024, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **shape)
     model = build_model(backbone, preset, memory_init="random", attn_implementation=a.attn, **extra)
-    return model.to(device=a.device, dtype=DTYPES[a.dtype]).train()
+    model = model.to(device=a.device, dtype=DTYPES[a.dtype]).train()
+    if whole is not None:
+        model.compile(mode=whole, dynamic=False)  # in place, as training's `model.compile` does
+    return model
 
 
 def prefill(model, memory, steps: int) -> None:
@@ -162,10 +182,13 @@ def flops_of(name: str, a: argparse.Namespace) -> float:
 
 def ops_of(name: str, a: argparse.Namespace) -> tuple[int, list[tuple[str, int]]]:
     """aten ops dispatched by one forward + backward (the third step: memory in use), and the
-    most frequent ones."""
+    most frequent ones; for a whole-model compiled variant, the kernels its graphs call."""
     from collections import Counter
 
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    if model_compile_mode(name)[1] is not None:
+        return kernels_of(name, a)
 
     class Count(TorchDispatchMode):
         def __init__(self) -> None:
@@ -182,6 +205,32 @@ def ops_of(name: str, a: argparse.Namespace) -> tuple[int, list[tuple[str, int]]
     with Count() as counter:
         r.step(timed=False)
     return sum(counter.ops.values()), counter.ops.most_common()
+
+
+def kernels_of(name: str, a: argparse.Namespace) -> tuple[int, list[tuple[str, int]]]:
+    """Kernels called by the compiled graphs of one forward + backward (the fourth step), by name.
+
+    A TorchDispatchMode would make dynamo run the model eagerly, so torch.profiler is used:
+    every event directly under a compiled graph's call ("## Call CompiledFxGraph ... ##") is
+    one kernel of inductor's or one library call (mm, addmm, bmm, attention).
+    """
+    from collections import Counter
+
+    import torch._inductor.config as inductor_config
+    from torch.profiler import ProfilerActivity, profile
+
+    inductor_config.cpp.enable_kernel_profile = True  # name inductor's C++ kernels in the profile
+    r = Runner(name, a)
+    for _ in range(3):
+        r.step(timed=False)
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if a.device.startswith("cuda") else [])]) as prof:
+        r.step(timed=False)
+    kernels: Counter[str] = Counter()
+    for e in prof.events():
+        parent = e.cpu_parent
+        if parent is not None and parent.name.startswith("## Call CompiledFxGraph"):
+            kernels["inductor kernel" if e.name.startswith("graph_") else e.name] += 1
+    return sum(kernels.values()), kernels.most_common()
 
 
 def sync() -> None:
@@ -245,7 +294,8 @@ def main() -> None:
         names = ["transformer"] + [n for n in names if n != "transformer"]
     if a.ops:
         counts = {n: ops_of(n, a) for n in names}
-        print(f"\naten ops of one forward + backward: shape={a.shape} batch={a.batch} segment={a.segment}")
+        print(f"\naten ops of one forward + backward (+model_*: kernels called): shape={a.shape} batch={a.batch} "
+              f"segment={a.segment}")
         for n in names:
             total, common = counts[n]
             top = ", ".join(f"{op} {c}" for op, c in common[:6])
@@ -266,7 +316,7 @@ def main() -> None:
         return
     runners = [Runner(n, a) for n in names]
     for r in runners:
-        for _ in range(a.warmup):
+        for _ in range(max(a.warmup, 3) if model_compile_mode(r.name)[1] else a.warmup):
             r.step(timed=False)
     peak = {}
     for i in range(a.rounds):
@@ -312,6 +362,11 @@ def main() -> None:
         if r.name in peak:
             row.update(peak_mb=peak[r.name], mem_ratio=peak[r.name] / peak[names[0]])
             line += f"{peak[r.name]:>12.0f}{peak[r.name] / peak[names[0]]:>8.3f}"
+        base_name, whole = model_compile_mode(r.name)
+        plain = next((q for q in runners if q.name == "transformer" + r.name[len(base_name):]), None) if whole else None
+        if plain is not None:  # a compiled variant against the plain model compiled the same way
+            row.update(ratio_same_mode=med / key(plain))
+            line += f"   vs plain, same mode: {med / key(plain):.3f}"
         print(line)
         rows.append(row)
     if a.json:

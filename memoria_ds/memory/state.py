@@ -60,13 +60,19 @@ def vector_digest(vectors: Tensor) -> Tensor:
 
 def digest_multipliers(dim: int, device: torch.device | str) -> Tensor:
     """(2 * dim,) float64: `vector_digest`'s fixed random integers, made once per width and
-    device (a compiled step finds them made: `MemoryEngine` asks first)."""
+    device. The random draw happens once per width, on the CPU (`MemoriaKind` makes it when a
+    model is built, and `MemoryEngine` before a compiled step): a compiled forward then only
+    copies the made values to its device, which traces."""
     if dim >= _DIGEST_MAX_DIM:
         raise ValueError(f"engram width {dim} is above the supported {_DIGEST_MAX_DIM - 1}")
     key = (dim, str(device))
     if key not in _MULTIPLIERS:
-        gen = torch.Generator().manual_seed(0x5EED)
-        _MULTIPLIERS[key] = torch.randint(1, 1 << 21, (2 * dim,), generator=gen).to(device, torch.float64)
+        cpu = (dim, "cpu")
+        if cpu not in _MULTIPLIERS:
+            gen = torch.Generator().manual_seed(0x5EED)
+            # on the CPU whatever the default device (a model built under `torch.device("meta")` too)
+            _MULTIPLIERS[cpu] = torch.randint(1, 1 << 21, (2 * dim,), generator=gen, device="cpu").to(torch.float64)
+        _MULTIPLIERS[key] = _MULTIPLIERS[cpu].to(device)
     return _MULTIPLIERS[key]
 
 

@@ -116,6 +116,7 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
                 style=config.abstractor_style,
             )
         self.post_init()
+        self.memory_kind  # made now, outside any compiled forward (its settings parse is not traceable)
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()

@@ -21,7 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from ..data.corpora import CORPORA
 from ..data.reset import ResetPolicy
-from ..memory import MemoriaConfig
+from ..memory import COMPILE_MODES, MemoriaConfig
 from ..model.config import MemoriaGPT2Config, position_banks, resolve_preset
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -68,6 +68,13 @@ class ModelSection(Section):
             `memory_layers`, `xl_memory_length`, backbone sizes for from-scratch runs).
         gradient_checkpointing: recompute backbone blocks in backward.
         attn_implementation: `sdpa` (default) or `eager`.
+        compile: None (eager), or a `torch.compile` mode (`default`, `reduce-overhead`:
+            CUDA graphs on a GPU, `max-autotune`, `max-autotune-no-cudagraphs`): the whole
+            forward (backbone, memory attention, abstractor and memory engine) and its
+            backward run as compiled graphs (one each: the model has static shapes and no
+            host synchronisation). The same computation up to floating-point summation
+            order; a first step that compiles for a minute or more. ZeRO 0-2 and
+            `engine=torch`; not with ZeRO-3 or activation checkpointing.
     """
 
     backbone: str = "gpt2"
@@ -76,9 +83,18 @@ class ModelSection(Section):
     settings: dict = Field(default_factory=dict)
     gradient_checkpointing: bool = False
     attn_implementation: str = "sdpa"
+    compile: str | None = None
 
     @model_validator(mode="after")
     def check(self):
+        if self.compile is not None and self.compile not in COMPILE_MODES:
+            raise ValueError(f"`model.compile` must be null (eager) or one of {list(COMPILE_MODES)}, got {self.compile!r}")
+        if self.compile is not None and self.gradient_checkpointing:
+            raise ValueError("`model.compile` and `model.gradient_checkpointing` together are not supported; "
+                             "set one of them")
+        if self.compile is not None and self.settings.get("memory_compile") is not None:
+            raise ValueError("`model.compile` already compiles the memory engine with the rest of the model; "
+                             "remove `model.settings.memory_compile`")
         # the preset and the memory settings fail here, before any data or model work
         unknown = sorted(set(self.settings) - _model_fields())
         if unknown:

@@ -6,7 +6,8 @@
    DeepSpeed's own classes (no data or model work yet);
 2. the data: corpora and this rank's streams (`TokenStreams` for text, `ExampleStreams`
    for the sorting task);
-3. the model (straight into ZeRO-3 partitions under stage 3) and its engine;
+3. the model (straight into ZeRO-3 partitions under stage 3; compiled in place if
+   `model.compile` says so) and its engine;
 4. the resume (`RunState.load`), then the run directory: locked (one run per directory),
    its resolved config written.
 """
@@ -35,6 +36,9 @@ def _ds_config(cfg: RunConfig, info: DistInfo, precision: str, resumed: Checkpoi
     ds = resolve_ds_config(read_ds_config(cfg.deepspeed), cfg.optim, world_size=info.world_size,
                            precision=precision, device_type=info.device.type)
     check_ds_config(ds)
+    if cfg.model.compile is not None and ds["zero_optimization"]["stage"] == 3:
+        raise ConfigError("`model.compile` is not supported under ZeRO-3 (its parameter gathers run as module "
+                          "hooks inside the forward); use ZeRO-1/2 (ds_configs/zero2.json) or leave model.compile unset")
     if resumed is not None and resumed.world_size != info.world_size:
         ds["checkpoint"] = dict(ds.get("checkpoint", {}), load_universal=True)
     return ds
@@ -109,6 +113,8 @@ def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
     seed_everything(cfg.seed)  # the same initial weights on every rank
     with zero3_construction(ds_config):  # under ZeRO-3: built straight into partitions
         model = build_run_model(cfg, vocab_size)
+    if cfg.model.compile is not None:  # in place: the same module, parameter names and state_dict
+        model.compile(mode=cfg.model.compile, dynamic=False)
     engine = _engine(cfg, info, model, ds_config, precision, update_steps)
     config = unwrap(engine.module).config
     ctx = RunContext(cfg=cfg, info=info, lock=RunLock(cfg.run_dir), precision=precision, corpora=corpora,

@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+import yaml
 
 from memoria_ds.train.checkpoints import find_latest, validate
 from memoria_ds.train.faults import EXIT_CODE
@@ -313,3 +314,31 @@ def test_the_memory_learning_rate_scale_runs_and_resumes_only_with_its_groups(tm
     check(run_training(run, "optim.memory_lr_scale=0.3", "optim.max_steps=6", "eval.at_end=false",
                        "checkpoint.resume=auto"))
     assert max(losses_by_step(run)) == 6
+
+
+def test_a_compiled_model_trains_as_the_eager_one_and_zero3_is_refused(tmp_path):
+    """`model.compile`: the whole model (memory engine included) as compiled graphs under the
+    real launcher and ZeRO-2; without dropout its losses are the eager run's. ZeRO-3 (module
+    hooks inside the forward) is refused before any work."""
+    no_dropout = "model.settings={n_layer: 2, n_embd: 32, n_head: 2, n_positions: 64, resid_pdrop: 0.0, " \
+                 "embd_pdrop: 0.0, attn_pdrop: 0.0, memoria: {num_wm: 4, num_stm_reminded: 4, num_ltm_reminded: 4, " \
+                 "stm_capacity: 16, search_depth: 2}}"
+    eager, compiled = tmp_path / "eager", tmp_path / "compiled"
+    check(run_training(eager, no_dropout))
+    proc = check(run_training(compiled, no_dropout, "model.compile=default", timeout=900))
+    assert yaml.safe_load((compiled / "config.yaml").read_text())["model"]["compile"] == "default"
+    a, b = losses_by_step(eager), losses_by_step(compiled)
+    assert list(a) == list(b) == [1, 2, 3, 4, 5, 6]
+    for step in a:
+        assert math.isclose(a[step], b[step], rel_tol=1e-4), (step, a[step], b[step])
+    assert "done: 6 steps" in proc.stdout
+    # compiled in place: the checkpoint holds the eager model's parameter names
+    from memoria_ds.train.export import consolidated_state_dict
+
+    names = set(consolidated_state_dict(compiled / "checkpoints" / "step_00000006", "deepspeed"))
+    assert names == set(consolidated_state_dict(eager / "checkpoints" / "step_00000006", "deepspeed"))
+
+    zero3 = ROOT / "ds_configs" / "cpu_zero3.json"
+    proc = run_training(tmp_path / "z3", "model.compile=default", f"deepspeed={zero3}")
+    assert proc.returncode == 2 and "`model.compile` is not supported under ZeRO-3" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "z3").exists()

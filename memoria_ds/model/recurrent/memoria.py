@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ...memory import MemoriaConfig, MemoryEngine, MemoryState, MemoryStats, Retrieval
+from ...memory.state import digest_multipliers
 from ...rows import BatchRows, rows_field
 from ..memory_attention import MemoryInputs
 from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead, check_format
@@ -129,14 +130,17 @@ class MemoriaKind(MemoryKind):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        self._parsed: tuple[dict, MemoriaConfig] | None = None
+        # parsed here, not at the first forward: a compiled forward (`model.compile()`) then
+        # reads a cached value instead of tracing the dataclass parsing (a graph break)
+        self._parsed: tuple[dict, MemoriaConfig] = (dict(config.memoria), config.memoria_config)
+        digest_multipliers(config.n_embd, "cpu")  # the engine's one random draw, made outside any trace
         self._engine = MemoryEngine()
 
     @property
     def settings(self) -> MemoriaConfig:
         """The engine's typed settings, parsed again only when `config.memoria` changed."""
         raw = self.config.memoria
-        if self._parsed is None or self._parsed[0] != raw:
+        if self._parsed[0] != raw:
             self._parsed = (dict(raw), self.config.memoria_config)
         return self._parsed[1]
 
