@@ -376,7 +376,7 @@ def dry_run(a: argparse.Namespace) -> int:
         with torch.device("meta"):
             model = build_run_model(cfg, vocab_size=50257)
         params = sum(p.numel() for p in model.parameters()) / 1e6
-        print(f"ok  {name:<24} {ds:<26} ZeRO-{resolved['zero_optimization']['stage']} {s['precision']} "
+        print(f"ok  {name:<27} {ds:<26} ZeRO-{resolved['zero_optimization']['stage']} {s['precision']} "
               f"(DeepSpeed {version} accepts it), {params:8.1f} M parameters")
     print(f"dry run: {len(plans)} runs valid; parts {', '.join(a.only)} would run, report in {a.out}")
     return 0

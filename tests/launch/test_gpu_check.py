@@ -23,7 +23,8 @@ def test_dry_run_validates_every_configuration():
     proc = _run("--dry-run")
     assert proc.returncode == 0, proc.stderr[-3000:]
     ok = [line for line in proc.stdout.splitlines() if line.startswith("ok ")]
-    assert len(ok) == 4 and all("bf16 (DeepSpeed" in line for line in ok), proc.stdout
+    assert len(ok) == 6 and all("bf16 (DeepSpeed" in line for line in ok), proc.stdout
+    assert sum("_compiled " in line and "zero2.json" in line for line in ok) == 2  # model.compile, ZeRO-2
     assert any("zero2.json" in line and "ZeRO-2" in line for line in ok)
     assert any("zero3.json" in line and "ZeRO-3" in line for line in ok)
 
