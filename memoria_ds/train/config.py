@@ -73,7 +73,7 @@ class ModelSection(Section):
             forward (backbone, memory attention, abstractor and memory engine) and its
             backward run as compiled graphs (one each: the model has static shapes and no
             host synchronisation). The same computation up to floating-point summation
-            order; a first step that compiles for a minute or more. ZeRO 0-2 and
+            order; a first step that compiles for a minute or more. ZeRO-1/2 and
             `engine=torch`; not with ZeRO-3 or activation checkpointing.
     """
 

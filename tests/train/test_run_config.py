@@ -56,3 +56,13 @@ def test_valid_settings_load_unchanged(overrides, preset, memoria):
     # the early check validates the merged settings without writing them back
     cfg = load(RunConfig, None, overrides)
     assert cfg.model.preset == preset and cfg.model.settings.get("memoria", {}) == memoria
+
+
+def test_compiling_does_not_change_what_a_checkpoint_resumes_into():
+    """`model.compile` is how the model runs: a compiled run's checkpoint resumes eagerly and
+    back, and checkpoints made before the field existed keep their fingerprint."""
+    from memoria_ds.train.checkpoints.resume import fingerprint
+
+    eager, compiled = load(RunConfig, None, []), load(RunConfig, None, ["model.compile=reduce-overhead"])
+    assert fingerprint(compiled) == fingerprint(eager)
+    assert fingerprint(load(RunConfig, None, ["model.preset=xl"]))["model"] != fingerprint(eager)["model"]

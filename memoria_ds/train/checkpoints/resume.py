@@ -34,7 +34,9 @@ UNIVERSAL_TAG = "engine_universal"
 
 def fingerprint(cfg: RunConfig) -> dict[str, str]:
     """Hashes of what must match for a checkpoint to be resumed: the model and the data layout."""
-    model = to_dict(cfg.model) | {"lora": to_dict(cfg.lora)}
+    # `compile` is how the model runs, not what it is: a compiled run resumes eagerly and back
+    # (and checkpoints made before the field existed keep their hash)
+    model = {k: v for k, v in to_dict(cfg.model).items() if k != "compile"} | {"lora": to_dict(cfg.lora)}
     data = {k: v for k, v in to_dict(cfg.data).items() if k not in ("num_proc", "reset")}
     data["train_batch_size"] = None  # checked by the stream state itself, with a clearer message
     return {
