@@ -223,13 +223,14 @@ def kernels_of(name: str, a: argparse.Namespace) -> tuple[int, list[tuple[str, i
     r = Runner(name, a)
     for _ in range(3):
         r.step(timed=False)
-    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if a.device.startswith("cuda") else [])]) as prof:
+    cuda = [ProfilerActivity.CUDA] if a.device.startswith("cuda") else []
+    with profile(activities=[ProfilerActivity.CPU, *cuda]) as prof:
         r.step(timed=False)
     kernels: Counter[str] = Counter()
     for e in prof.events():
         parent = e.cpu_parent
         if parent is not None and parent.name.startswith("## Call CompiledFxGraph"):
-            kernels["inductor kernel" if e.name.startswith("graph_") else e.name] += 1
+            kernels["inductor kernel" if e.name.startswith(("graph_", "triton_")) else e.name] += 1
     return sum(kernels.values()), kernels.most_common()
 
 
