@@ -87,14 +87,16 @@ class ModelSection(Section):
 
     @model_validator(mode="after")
     def check(self):
-        if self.compile is not None and self.compile not in COMPILE_MODES:
-            raise ValueError(f"`model.compile` must be null (eager) or one of {list(COMPILE_MODES)}, got {self.compile!r}")
-        if self.compile is not None and self.gradient_checkpointing:
-            raise ValueError("`model.compile` and `model.gradient_checkpointing` together are not supported; "
-                             "set one of them")
-        if self.compile is not None and self.settings.get("memory_compile") is not None:
-            raise ValueError("`model.compile` already compiles the memory engine with the rest of the model; "
-                             "remove `model.settings.memory_compile`")
+        if self.compile is not None:
+            if self.compile not in COMPILE_MODES:
+                raise ValueError(f"`model.compile` must be null (eager) or one of {list(COMPILE_MODES)}, "
+                                 f"got {self.compile!r}")
+            if self.gradient_checkpointing:
+                raise ValueError("`model.compile` and `model.gradient_checkpointing` together are not supported; "
+                                 "set one of them")
+            if self.settings.get("memory_compile") is not None:
+                raise ValueError("`model.compile` already compiles the memory engine with the rest of the model; "
+                                 "remove `model.settings.memory_compile`")
         # the preset and the memory settings fail here, before any data or model work
         unknown = sorted(set(self.settings) - _model_fields())
         if unknown:
