@@ -66,7 +66,7 @@ from memoria_ds.data.streams import TokenStreams
 from memoria_ds.data.token_corpus import TokenCorpus
 from memoria_ds.data.tokenize import gpt2_tokenizer_offline
 from memoria_ds.model import PRESETS, build_model
-from memoria_ds.train.engine import linear_warmup_decay, param_groups
+from memoria_ds.train.engine import delayed_warmup_decay, param_groups
 
 CANTERBURY = {"alice29", "asyoulik", "lcet10", "plrabn12"}
 BROTLI_SDIST = "brotli==1.2.1"
@@ -83,6 +83,7 @@ CACHE = Path(os.environ.get("MEMORIA_DS_TEXTS", Path.home() / ".cache" / "memori
 OPT_KNOBS = {
     "clip": "joint",  # joint: one global norm over all parameters (the toolkit); separate: backbone and memory apart
     "memory_lr": 1.0,  # learning-rate multiplier of the memory modules
+    "memory_delay": 0,  # updates the memory modules wait (lr 0) before their own warm-up (optim.memory_delay_steps)
 }
 
 
@@ -218,7 +219,9 @@ def optimiser(model, a, knobs):
                 scale = knobs["memory_lr"] if is_mem else 1.0
                 groups.append({**g, "params": ps, "lr": a.lr * scale, "memory": is_mem})
     opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_warmup_decay(a.steps, 0.06))
+    # the toolkit's schedules (optim.memory_delay_steps = the knob memory_delay)
+    factors = [delayed_warmup_decay(a.steps, 0.06, int(knobs["memory_delay"]) if g["memory"] else 0) for g in groups]
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factors)
     return opt, sched
 
 

@@ -224,6 +224,11 @@ class OptimSection(Section):
             attentions) as a multiple of `lr` (paper: 1, one rate). Below 1 steadies a
             from-scratch run at a high `lr`, where the memory path can otherwise swamp the
             residual stream (docs/training.md, "The memory's learning rate").
+        memory_delay_steps: optimizer updates during which the modules Memoria adds do not
+            learn (learning rate 0; the memory still runs, and starts as a no-op with the
+            default init); then their own warm-up and decay run over the remaining updates
+            (paper: 0). Keeps the memory path from growing while the backbone learns the
+            text's first statistics (docs/training.md, "The memory's learning rate").
         micro_batch_size: streams per rank per micro-batch.
         grad_accum: micro-batches per optimiser step.
         epochs: passes over the training split (ignored when `max_steps` is set).
@@ -241,6 +246,7 @@ class OptimSection(Section):
     warmup_ratio: Number = 0.06
     grad_clip: Number = 1.0
     memory_lr_scale: Number = 1.0
+    memory_delay_steps: int = 0
     micro_batch_size: int = 8
     grad_accum: int = 1
     epochs: int = 3
@@ -255,6 +261,11 @@ class OptimSection(Section):
                 raise ValueError(f"`optim.{name}` ({getattr(self, name)}) must be a finite number")
         if self.memory_lr_scale <= 0:
             raise ValueError(f"`optim.memory_lr_scale` ({self.memory_lr_scale}) must be > 0 (1 = the paper's single rate)")
+        if self.memory_delay_steps < 0:
+            raise ValueError(f"`optim.memory_delay_steps` ({self.memory_delay_steps}) must be >= 0 (0 = no delay, the paper)")
+        if self.max_steps is not None and self.memory_delay_steps >= self.max_steps:
+            raise ValueError(f"`optim.memory_delay_steps` ({self.memory_delay_steps}) must be below `optim.max_steps` "
+                             f"({self.max_steps}): the memory modules would never learn")
         if self.lr <= 0:
             raise ValueError(f"`optim.lr` ({self.lr}) must be > 0")
         if not 0 <= self.warmup_ratio < 1:

@@ -109,6 +109,9 @@ def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
     total_steps = cfg.optim.max_steps or cfg.optim.epochs * streams.steps_per_epoch
     # optimizer updates (the learning-rate schedule's length): steps whose segment holds targets
     update_steps = streams.count_target_steps(total_steps)
+    if cfg.optim.memory_delay_steps and cfg.optim.memory_delay_steps >= update_steps:
+        raise ConfigError(f"`optim.memory_delay_steps` ({cfg.optim.memory_delay_steps}) must be below the run's "
+                          f"{update_steps} optimizer updates: the memory modules would never learn")
 
     seed_everything(cfg.seed)  # the same initial weights on every rank
     with zero3_construction(ds_config):  # under ZeRO-3: built straight into partitions

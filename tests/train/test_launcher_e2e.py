@@ -302,16 +302,17 @@ def test_a_full_disk_during_a_save_says_where_and_cleans_up(tmp_path):
     assert find_latest(ckpts)[0].step == 6
 
 
-def test_the_memory_learning_rate_scale_runs_and_resumes_only_with_its_groups(tmp_path):
-    """Real DeepSpeed: optim.memory_lr_scale trains and resumes with another value; switching
-    between 1 and another value is refused before any work (its optimizer groups differ)."""
+def test_the_memory_modules_own_groups_run_and_resume_only_with_their_groups(tmp_path):
+    """Real DeepSpeed: optim.memory_lr_scale trains and resumes with other memory settings that
+    keep the memory modules' own optimizer groups (here a delay); a resume that would fold them
+    back into the backbone's groups is refused before any work."""
     run = tmp_path / "run"
     check(run_training(run, "optim.memory_lr_scale=0.1", "eval.at_end=false", "optim.max_steps=4",
                        "checkpoint.every=2"))
     proc = run_training(run, "optim.max_steps=6", "eval.at_end=false", "checkpoint.resume=auto")
-    assert proc.returncode != 0 and "optim.memory_lr_scale=0.1" in proc.stderr and "resume with a value other than 1" \
-        in proc.stderr, proc.stderr[-3000:]
-    check(run_training(run, "optim.memory_lr_scale=0.3", "optim.max_steps=6", "eval.at_end=false",
+    assert proc.returncode != 0 and "optim.memory_lr_scale=0.1" in proc.stderr, proc.stderr[-3000:]
+    assert "resume with a memory_lr_scale other than 1 or a memory_delay_steps above 0" in proc.stderr
+    check(run_training(run, "optim.memory_delay_steps=5", "optim.max_steps=6", "eval.at_end=false",
                        "checkpoint.resume=auto"))
     assert max(losses_by_step(run)) == 6
 

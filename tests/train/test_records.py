@@ -6,6 +6,7 @@ import json
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from memoria_ds.train.metrics import drop_records_after
@@ -92,3 +93,56 @@ def test_the_memory_modules_learning_rate_scale(tiny_gpt2_config):
                                                         memory_lr_scale=0.5))
     assert changed == {"lr": (1e-3, 2e-3), "memory_lr_scale": (0.1, 0.5)}
     assert [g["lr"] for g in groups] == [2e-3 * 0.7, 2e-3 * 0.7, 1e-3 * 0.7, 1e-3 * 0.7]
+
+
+def test_the_delayed_schedule_by_hand():
+    """`delayed_warmup_decay`: 0 for `delay` updates, then the usual warm-up and decay over the rest."""
+    from memoria_ds.train.engine import delayed_warmup_decay, linear_warmup_decay
+
+    f = delayed_warmup_decay(20, 0.1, 10)  # the rest: 10 updates, a warm-up of 1, then 9 of decay
+    assert [f(s) for s in range(20)] == [0.0] * 10 + [1.0] + [(10 - s) / 9 for s in range(1, 10)]
+    f = delayed_warmup_decay(30, 0.2, 10)  # the rest: 20 updates, warm-up of 4, then 16 of decay
+    assert [f(s) for s in range(10, 16)] == [0.25, 0.5, 0.75, 1.0, 1.0, 15 / 16]
+    plain = linear_warmup_decay(30, 0.2)
+    assert [delayed_warmup_decay(30, 0.2, 0)(s) for s in range(30)] == [plain(s) for s in range(30)]
+
+
+def test_the_memory_modules_wait_for_their_delay(tiny_gpt2_config):
+    """optim.memory_delay_steps: the abstractor and memory attentions do not move for that many
+    updates while the backbone does (their gradients are there, their rate is 0); then they
+    learn on their own warm-up and decay."""
+    from memoria_ds.model import build_model
+    from memoria_ds.train.config import OptimSection
+    from memoria_ds.train.engine import TorchEngine
+
+    torch.manual_seed(0)
+    model = build_model(tiny_gpt2_config, "memoria", memoria={"num_wm": 2, "num_stm_reminded": 2,
+                                                               "num_ltm_reminded": 2, "stm_capacity": 4})
+    memory = {id(p) for m in model.memory_modules() for p in m.parameters()}
+    optim = OptimSection(lr=1e-3, warmup_ratio=0.0, memory_delay_steps=3)
+    engine = TorchEngine(model, torch.device("cpu"), optim, total_steps=8, precision="fp32")
+    groups = engine.optimizer.param_groups
+    assert len(groups) == 4
+    is_mem = [{id(p) in memory for p in g["params"]} == {True} for g in groups]
+    assert is_mem == [False, False, True, True]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    x = torch.randint(0, 257, (2, 8))
+    lrs, memory_state = [], None
+    for step in range(5):
+        lrs.append([g["lr"] for g in groups])
+        out = model(x, labels=x, memory=memory_state)  # the memory carried: its modules get gradients
+        memory_state = out.memory
+        engine.backward(out.loss)
+        assert engine.step()
+        if step == 2:  # after 3 updates: the backbone moved, the memory modules did not
+            moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+            memory_names = {n for n, p in model.named_parameters() if id(p) in memory}
+            assert moved and not moved & memory_names
+            assert all(p.grad is None for p in model.parameters())  # (stepped: gradients were there and dropped)
+    assert lrs[:3] == [[1e-3 * (8 - s) / 8] * 2 + [0.0, 0.0] for s in range(3)]
+    assert lrs[3] == [1e-3 * 5 / 8] * 2 + [1e-3, 1e-3] and lrs[4] == [1e-3 * 4 / 8] * 2 + [1e-3 * 4 / 5] * 2
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n]) and id(p) in memory}
+    assert moved  # the memory learns once its delay is over
+    # over a restored state: the same rates (the schedules are the engine's, built from the config)
+    assert engine.apply_hyperparameters(optim) == {}
+    assert [g["lr"] for g in groups] == pytest.approx([1e-3 * 3 / 8] * 2 + [1e-3 * 3 / 5] * 2, rel=1e-12)

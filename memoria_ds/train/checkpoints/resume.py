@@ -26,7 +26,7 @@ from typing import Any
 from .. import distributed as dist_utils
 from .store import ENGINE_TAG, CheckpointError, CheckpointInfo, find_latest, list_checkpoints, step_of, validate
 from ..config import RunConfig
-from ..engine import to_universal
+from ..engine import memory_groups_apart, to_universal
 from ..parse import to_dict
 
 UNIVERSAL_TAG = "engine_universal"
@@ -100,14 +100,22 @@ def set_aside_newer(info: CheckpointInfo, run_dir: Path, log) -> Path | None:
 
 def check_compatible(info: CheckpointInfo, cfg: RunConfig) -> None:
     # the optimizer's groups: the memory modules have their own only with memory_lr_scale != 1
-    was = info.manifest.get("meta", {}).get("config", {}).get("optim", {}).get("memory_lr_scale", 1.0)
-    if (was != 1.0) != (cfg.optim.memory_lr_scale != 1.0):
+    # or memory_delay_steps > 0
+    optim = info.manifest.get("meta", {}).get("config", {}).get("optim", {})
+    was_scale, was_delay = optim.get("memory_lr_scale", 1.0), optim.get("memory_delay_steps", 0)
+    was, now = memory_groups_apart(was_scale, was_delay), memory_groups_apart(cfg.optim.memory_lr_scale,
+                                                                              cfg.optim.memory_delay_steps)
+    if was != now:
         raise CheckpointError(
-            f"checkpoint {info.path} was made with optim.memory_lr_scale={was}, which "
-            + ("keeps one learning rate for all parameters" if was == 1.0 else "gives the memory modules "
-               "optimizer groups of their own") + f"; optim.memory_lr_scale={cfg.optim.memory_lr_scale} cannot "
-            f"continue its optimizer state: resume with " + ("1" if was == 1.0 else "a value other than 1")
-            + " (any such value applies from the next step), or start a new run_dir"
+            f"checkpoint {info.path} was made with optim.memory_lr_scale={was_scale} and "
+            f"optim.memory_delay_steps={was_delay}, which "
+            + ("gives the memory modules optimizer groups of their own" if was else
+               "keeps one learning rate for all parameters")
+            + f"; optim.memory_lr_scale={cfg.optim.memory_lr_scale} with optim.memory_delay_steps="
+            f"{cfg.optim.memory_delay_steps} cannot continue its optimizer state: resume with "
+            + ("a memory_lr_scale other than 1 or a memory_delay_steps above 0" if was else
+               "memory_lr_scale=1 and memory_delay_steps=0")
+            + " (any such values apply from the next step), or start a new run_dir"
         )
     saved = info.manifest.get("meta", {}).get("fingerprint", {})
     mine = fingerprint(cfg)

@@ -33,14 +33,43 @@ def linear_warmup_decay(total_steps: int, warmup_ratio: float):
     return factor
 
 
-def group_layout(model: nn.Module, memory_lr_scale: float = 1.0) -> list[tuple[bool, bool]]:
+def delayed_warmup_decay(total_steps: int, warmup_ratio: float, delay: int):
+    """LR multiplier of modules that start learning late: 0 for the first `delay` updates, then
+    `linear_warmup_decay` over the remaining `total_steps - delay` (its own warm-up, then
+    decay to 0 at `total_steps`, with the rest). `delay` 0 is `linear_warmup_decay`."""
+    if delay <= 0:
+        return linear_warmup_decay(total_steps, warmup_ratio)
+    late = linear_warmup_decay(max(1, total_steps - delay), warmup_ratio)
+
+    def factor(step: int) -> float:
+        return 0.0 if step < delay else late(step - delay)
+
+    return factor
+
+
+def memory_groups_apart(memory_lr_scale: float = 1.0, memory_delay_steps: int = 0) -> bool:
+    """Whether the modules Memoria adds get optimizer groups of their own (their own rate or
+    schedule); otherwise every parameter is in the two groups checkpoints always had."""
+    return memory_lr_scale != 1.0 or memory_delay_steps > 0
+
+
+def group_layout(model: nn.Module, memory_lr_scale: float = 1.0, memory_delay_steps: int = 0) -> list[tuple[bool, bool]]:
     """(decays, is memory) of each optimizer group `param_groups` makes, in order."""
-    return [(decay, memory) for decay, memory, _ in _grouped(model, memory_lr_scale)]
+    apart = memory_groups_apart(memory_lr_scale, memory_delay_steps)
+    return [(decay, memory) for decay, memory, _ in _grouped(model, apart)]
 
 
-def _grouped(model: nn.Module, memory_lr_scale: float) -> list[tuple[bool, bool, list[nn.Parameter]]]:
+def group_schedules(model: nn.Module, optim: OptimSection, total_steps: int) -> list:
+    """The LR multiplier of each optimizer group (`group_layout`'s order): the backbone's
+    `linear_warmup_decay`; the memory modules' delayed by `optim.memory_delay_steps`."""
+    layout = group_layout(model, optim.memory_lr_scale, optim.memory_delay_steps)
+    return [delayed_warmup_decay(total_steps, optim.warmup_ratio, optim.memory_delay_steps if memory else 0)
+            for _, memory in layout]  # fmt: skip
+
+
+def _grouped(model: nn.Module, apart: bool) -> list[tuple[bool, bool, list[nn.Parameter]]]:
     memory_ids = set()
-    if memory_lr_scale != 1.0 and hasattr(model, "memory_modules"):
+    if apart and hasattr(model, "memory_modules"):
         memory_ids = {id(p) for m in model.memory_modules() for p in m.parameters()}
     buckets: dict[tuple[bool, bool], list[nn.Parameter]] = {}
     for _, p in model.named_parameters():
@@ -53,19 +82,21 @@ def _grouped(model: nn.Module, memory_lr_scale: float) -> list[tuple[bool, bool,
 
 
 def param_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
-                 memory_lr_scale: float = 1.0) -> list[dict[str, Any]]:
+                 memory_lr_scale: float = 1.0, memory_delay_steps: int = 0) -> list[dict[str, Any]]:
     """Trainable parameters; matrices decay, biases and norm gains do not.
 
-    With `memory_lr_scale != 1`, the modules Memoria adds (`model.memory_modules()`) get
-    groups of their own at `lr * memory_lr_scale` (backbone groups first; `group_layout`
-    gives the order). With 1, there are two groups, as checkpoints before this option have.
+    With `memory_lr_scale != 1` or `memory_delay_steps > 0`, the modules Memoria adds
+    (`model.memory_modules()`) get groups of their own at `lr * memory_lr_scale` (backbone
+    groups first; `group_layout` gives the order, `group_schedules` their schedules). Otherwise
+    there are two groups, as checkpoints before these options have.
     """
+    apart = memory_groups_apart(memory_lr_scale, memory_delay_steps)
     groups = []
-    for decay, memory, params in _grouped(model, memory_lr_scale):
+    for decay, memory, params in _grouped(model, apart):
         group: dict[str, Any] = {"params": params, "weight_decay": weight_decay if decay else 0.0}
-        if memory_lr_scale != 1.0:
+        if apart:
             if lr is None:
-                raise ValueError("param_groups needs `lr` to scale the memory modules' learning rate")
+                raise ValueError("param_groups needs `lr` to give the memory modules their own groups")
             group["lr"] = lr * (memory_lr_scale if memory else 1.0)
         groups.append(group)
     return groups
@@ -144,10 +175,10 @@ class TrainEngine(ABC):
         lr, weight_decay, betas, eps = optim.lr, optim.weight_decay, tuple(optim.betas), optim.eps
         opt, sched = self._optimizer_and_scheduler()
         groups = opt.param_groups
-        layout = group_layout(self.module, optim.memory_lr_scale)
+        layout = group_layout(self.module, optim.memory_lr_scale, optim.memory_delay_steps)
         if len(layout) != len(groups):
-            raise RuntimeError(f"the optimizer has {len(groups)} parameter groups where the model and "
-                               f"optim.memory_lr_scale give {len(layout)}")
+            raise RuntimeError(f"the optimizer has {len(groups)} parameter groups where the model, "
+                               f"optim.memory_lr_scale and optim.memory_delay_steps give {len(layout)}")
         changed: dict[str, tuple[Any, Any]] = {}
         saved = {"lr": sched.base_lrs[0], "weight_decay": max(g.get("weight_decay", 0.0) for g in groups),
                  "betas": tuple(groups[0].get("betas", betas)), "eps": groups[0].get("eps", eps)}

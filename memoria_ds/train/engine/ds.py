@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..config import OptimSection
-from .base import TrainEngine, linear_warmup_decay, param_groups
+from .base import TrainEngine, group_schedules, param_groups
 
 
 def init_process_group(cuda: bool) -> None:
@@ -75,17 +75,17 @@ class DeepSpeedEngine(TrainEngine):
         gives the optimizer and schedule; `total_steps` is the schedule's length in updates."""
         import deepspeed
 
-        groups = param_groups(model, optim.weight_decay, optim.lr, optim.memory_lr_scale)
+        groups = param_groups(model, optim.weight_decay, optim.lr, optim.memory_lr_scale, optim.memory_delay_steps)
         optimizer = None
         if "optimizer" not in ds_config:  # no compile needed; fused kernels on CUDA
             fused = torch.cuda.is_available()
             optimizer = torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, fused=fused)
-        factor = linear_warmup_decay(total_steps, optim.warmup_ratio)
+        factors = group_schedules(model, optim, total_steps)
         self._engine, *_ = deepspeed.initialize(
             model=model,
             model_parameters=groups,
             optimizer=optimizer,
-            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor),
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factors),
             config=ds_config,
         )
         self.module = self._engine.module

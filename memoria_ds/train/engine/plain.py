@@ -15,7 +15,7 @@ from torch import nn
 
 from ...safe_io import load_tree, save_tree
 from ..config import OptimSection
-from .base import TrainEngine, linear_warmup_decay, param_groups
+from .base import TrainEngine, group_schedules, param_groups
 
 ENGINE_FILE = "engine.safetensors"  # the plain engine's state (weights, optimizer, schedule): no pickle
 
@@ -31,11 +31,9 @@ class TorchEngine(TrainEngine):
             raise ValueError("the plain-PyTorch engine supports fp32 and bf16; use DeepSpeed for fp16")
         self.module = model.to(device)
         self.device = device
-        self.optimizer = torch.optim.AdamW(param_groups(model, optim.weight_decay, optim.lr, optim.memory_lr_scale),
-                                           lr=optim.lr,
-                                           betas=tuple(optim.betas), eps=optim.eps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
-                                                           linear_warmup_decay(total_steps, optim.warmup_ratio))
+        groups = param_groups(model, optim.weight_decay, optim.lr, optim.memory_lr_scale, optim.memory_delay_steps)
+        self.optimizer = torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, group_schedules(model, optim, total_steps))
         self.grad_clip, self.grad_accum = optim.grad_clip, optim.grad_accum
         self.autocast = precision == "bf16"
         self._norm: float | None = None
