@@ -92,16 +92,6 @@ class MemoriaGPT2Config(GPT2Config):
         memory_init: `"noop"` (output projections of the memory attention start at zero:
             the model starts exactly as the backbone) or `"random"` (the paper's random
             initialisation of every new weight).
-        memory_kv_norm: give each memory attention a layer norm on the engrams before its
-            key/value projection (`ln_kv`), as Perceiver-style cross-attention does. Not
-            in the paper or the authors' code (off by default): there the path from the
-            last hidden state to the residual stream is five linear maps with no
-            normalisation between them (abstractor value, its FFN's two layers, the memory
-            attention's value and output projections), and trained at the backbone's
-            learning rate their product can grow until the memory's output swamps the
-            residual stream (docs/model.md, "The memory path's normalisation"). With it,
-            two maps sit between layer norms, as in the backbone's own attention. What
-            the memory stores and retrieves is unchanged; only how the attention reads it.
         abstractor_style: `"transformer"` (scaled dot-product attention, FFN with the
             backbone's activation) or `"authors"` (no 1/sqrt(d) scaling, FFN of two linear
             layers with no activation: what the authors' code does).
@@ -132,7 +122,6 @@ class MemoriaGPT2Config(GPT2Config):
     memory_inner_dim_ratio: float | None = DEFAULT_MEMORY_WIDTH_RATIO
     memory_attention_mode: str = "sequential"
     memory_init: str = "noop"
-    memory_kv_norm: bool = False
     abstractor_style: str = "transformer"
     xl_memory_length: int | None = None
     xl_positions: str = "shared"
@@ -280,7 +269,6 @@ def _memory_fields() -> set[str]:
         "memory_inner_dim_ratio",
         "memory_attention_mode",
         "memory_init",
-        "memory_kv_norm",
         "abstractor_style",
         "xl_memory_length",
         "xl_positions",

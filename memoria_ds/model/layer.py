@@ -71,7 +71,6 @@ class MemoryBlock(GradientCheckpointingLayer):
                 eps=config.layer_norm_epsilon,
                 attn_dropout=config.attn_pdrop,
                 resid_dropout=config.resid_pdrop,
-                kv_norm=config.memory_kv_norm,
             )
             if with_memory_attention
             else None

@@ -62,21 +62,11 @@ class MemoryAttention(nn.Module):
             residual (the authors' block). `"parallel"`: one LN and one query serve both
             uses; the two attention outputs are summed before one output projection.
         eps: layer-norm epsilon (the backbone's).
-        kv_norm: a layer norm on the engrams before `kv_proj` (`ln_kv`; config
-            `memory_kv_norm`, off in the paper's model).
         attn_dropout: dropout on attention probabilities. resid_dropout: on the output.
     """
 
     def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        inner_dim: int,
-        mode: str,
-        eps: float,
-        attn_dropout: float,
-        resid_dropout: float,
-        kv_norm: bool = False,
+        self, dim: int, num_heads: int, inner_dim: int, mode: str, eps: float, attn_dropout: float, resid_dropout: float
     ) -> None:
         super().__init__()
         if inner_dim % num_heads:
@@ -91,7 +81,6 @@ class MemoryAttention(nn.Module):
             self.ln_rem = nn.LayerNorm(dim, eps=eps)
         else:
             self.ln = nn.LayerNorm(dim, eps=eps)
-        self.ln_kv = nn.LayerNorm(dim, eps=eps) if kv_norm else None
         self.q_proj = nn.Linear(dim, inner_dim)
         self.kv_proj = nn.Linear(dim, 2 * inner_dim)  # keys and values of all engrams in one matmul
         self.out_proj = OutputProjection(inner_dim, dim)
@@ -153,8 +142,6 @@ class MemoryAttention(nn.Module):
         """
         R = mem.reminded_mask.shape[1]
         N = engrams.shape[1] - R
-        if self.ln_kv is not None:
-            engrams = self.ln_kv(engrams)
         k, v = self.kv_proj(engrams).split(self.inner_dim, dim=-1)  # (B, N + R, E) each
         k, v = self._heads(k), self._heads(v)  # (B, H, N + R, hd)
         k_wm, v_wm, k_rem, v_rem = k[:, :, :N], v[:, :, :N], k[:, :, N:], v[:, :, N:]

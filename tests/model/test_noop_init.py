@@ -34,14 +34,10 @@ def test_first_segment_is_the_backbone(make_model, preset, attn):
         torch.testing.assert_close(model(x).logits, ref(x).logits, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(
-    "preset", ["memoria", "memoria_wm", "memoria_wm_stm", "memoria_fast", "memoria+memory_kv_norm"]
-)
+@pytest.mark.parametrize("preset", ["memoria", "memoria_wm", "memoria_wm_stm", "memoria_fast"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_noop_init_is_the_backbone_on_every_segment(make_model, preset, attn):
-    preset, _, option = preset.partition("+")
-    extra = {option: True} if option else {}
-    model = make_model(preset, attn_implementation=attn, **extra)  # memory_init="noop" is the default
+    model = make_model(preset, attn_implementation=attn)  # memory_init="noop" is the default
     ref = backbone_of(model)
     segs = segments(count=6)
     with torch.no_grad():
@@ -100,15 +96,13 @@ def test_built_from_a_base_model_checkpoint_without_prefix(backbone_config, tmp_
 
 @pytest.mark.parametrize("preset", ["xl", "memoria", "memoria_wm", "memoria_full_width", "memoria_fast"])
 @pytest.mark.parametrize("init", ["noop", "random"])
-@pytest.mark.parametrize("kv_norm", [False, True])
-def test_one_seed_gives_every_preset_the_plain_models_backbone(backbone_config, preset, init, kv_norm):
+def test_one_seed_gives_every_preset_the_plain_models_backbone(backbone_config, preset, init):
     """A from-scratch comparison is paired: with one seed, every preset starts from the same
     backbone weights as `transformer` (the memory's modules do not shift the backbone's draws),
     so a difference after training is the memory's, not the luck of the init."""
     torch.manual_seed(7)
     plain = build_model(backbone_config, "transformer").state_dict()
     torch.manual_seed(7)
-    extra = {"memory_kv_norm": True} if kv_norm and preset != "xl" else {}
-    model = build_model(backbone_config, preset, memory_init=init, **extra).state_dict()
+    model = build_model(backbone_config, preset, memory_init=init).state_dict()
     for name, value in plain.items():
         assert torch.equal(model[name], value), name
