@@ -256,6 +256,41 @@ def watch_residual(model):
     return seen, handle
 
 
+def watch_blocks(model) -> tuple[dict[str, list[float]], list]:
+    """(series, hook handles): at every forward, the mean norm of what each block adds to the
+    residual stream (`attnI`: self-attention, `memI`: the memory attention's addition, `mlpI`)
+    and of the engrams the memory attentions read (`engrams`). Where a memory path costs the
+    backbone, this shows which contribution grew, and when."""
+    series: dict[str, list[float]] = {}
+
+    def record(name: str, x: torch.Tensor) -> None:
+        series.setdefault(name, []).append(float(x.detach().norm(dim=-1).mean()))
+
+    def memory_hook(i: int):
+        def hook(_module, args, out) -> None:  # (a hook that returns something replaces the output)
+            record(f"mem{i}", out[0] - args[0])
+            if i == first:
+                record("engrams", args[1])
+        return hook
+
+    handles = []
+    for i, block in enumerate(model.transformer.h):
+        handles.append(block.attn.register_forward_hook(lambda _m, _a, out, i=i: record(f"attn{i}", out[0])))
+        handles.append(block.mlp.register_forward_hook(lambda _m, _a, out, i=i: record(f"mlp{i}", out)))
+    with_memory = [i for i, w in enumerate(getattr(model, "memory_blocks", [])) if w.memory_attention is not None]
+    first = with_memory[0] if with_memory else -1
+    for i in with_memory:
+        handles.append(model.memory_blocks[i].memory_attention.register_forward_hook(memory_hook(i)))
+    return series, handles
+
+
+def block_windows(series: dict[str, list[float]], every: int) -> list[dict]:
+    """`watch_blocks`' series as means over windows of `every` forwards."""
+    n = min((len(v) for v in series.values()), default=0)
+    return [{"forward": i + every, **{k: statistics.fmean(v[i:i + every]) for k, v in sorted(series.items())}}
+            for i in range(0, n - every + 1, every)]  # fmt: skip
+
+
 def curve(losses: list[float], norms: list[tuple[float, float]], residual: list[float], points: int = 20) -> list[dict]:
     """The training curve in `points` windows: mean loss, mean backbone / memory gradient norms,
     and the mean final-residual norm (over the window's forwards, also unscored ones)."""
@@ -290,6 +325,7 @@ def train(spec: str, seed: int, a, corpus: TokenCorpus) -> tuple[torch.nn.Module
                            shuffle_documents=False, seed=seed)  # fmt: skip
     policy = ResetPolicy.parse(a.reset)
     (residual, hook), memory, losses, norms = watch_residual(model), None, [], []
+    blocks, handles = watch_blocks(model) if a.trace_blocks else ({}, [])
     batches = iter(streams)
     for step in range(a.steps):
         batch = next(batches, None)
@@ -299,7 +335,14 @@ def train(spec: str, seed: int, a, corpus: TokenCorpus) -> tuple[torch.nn.Module
         out = model(batch.input_ids, shift_labels=batch.targets, memory=memory, reset=policy.reset_mask(batch, step))
         memory = out.memory
         losses.append(update(out.loss, opt, sched, knobs, a.grad_clip, norms))
+        if a.trace_blocks and (step + 1) % a.trace_blocks == 0:
+            w = block_windows({k: v[-a.trace_blocks:] for k, v in blocks.items()}, a.trace_blocks)[-1]
+            print(f"  update {step + 1:5d}  loss {statistics.fmean(losses[-a.trace_blocks:]):.3f}  "
+                  + "  ".join(f"{k} {v:.2f}" for k, v in w.items() if k != "forward"), flush=True)
     hook.remove()
+    for h in handles:
+        h.remove()
+    a.block_trace = block_windows(blocks, a.trace_blocks) if a.trace_blocks else None
     return model, losses, (norms, residual)
 
 
@@ -429,6 +472,9 @@ def main() -> None:
     p.add_argument("--eval-batch", type=int, default=32)
     p.add_argument("--full-vocab", action="store_true",
                    help="GPT-2's 50,257 ids (default: only the ids the texts use, renumbered: same tokens, 4x faster)")
+    p.add_argument("--trace-blocks", type=int, default=0, metavar="N",
+                   help="every N updates, print (and keep in --json) the mean norm of what each block's "
+                        "self-attention, memory attention and MLP add to the residual stream, and of the engrams")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", default=None)
     p.add_argument("--merge", nargs="+", metavar="JSON",
@@ -476,6 +522,8 @@ def main() -> None:
                      ppl=ppl, nll_by_segment=by_pos, nll_by_bucket=bucket_nll, memory_gain=memory_gain,
                      memory_gain_by_text=gain_by_text,
                      curve=curve(losses, norms, residual), train_s=train_s)  # fmt: skip
+            if a.block_trace is not None:
+                r["block_trace"] = a.block_trace
             results.append(r)
             print(f"{spec:<40} seed {seed}  train {r['train_loss_last100']:.3f}  "
                   + "  ".join(f"{k} {v:.1f}" for k, v in ppl.items())

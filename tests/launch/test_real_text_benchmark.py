@@ -155,6 +155,34 @@ def test_the_summary_pairs_every_variant_with_the_plain_model_of_its_seed(bench)
     assert "against transformer" not in bench.summary([r for r in results if r["variant"] == "memoria"])
 
 
+def test_the_block_trace_reports_what_each_block_adds(bench):
+    """`--trace-blocks`: the memory attention's addition is exactly 0 with the no-op init (and the
+    engrams it reads are not), each block's self-attention and MLP outputs are measured as they
+    are, and windows are plain means."""
+    import torch
+    from transformers import GPT2Config
+
+    from memoria_ds.model import build_model
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=50, n_positions=32, n_layer=2, n_embd=16, n_head=2)
+    model = build_model(config, "memoria", memoria={"num_wm": 2, "num_stm_reminded": 2, "num_ltm_reminded": 2,
+                                                     "stm_capacity": 4}).eval()
+    series, handles = bench.watch_blocks(model)
+    x, memory = torch.randint(0, 50, (2, 8)), None
+    with torch.no_grad():
+        for _ in range(3):
+            memory = model(x, memory=memory).memory
+        hidden = model.transformer.wte(x) + model.transformer.wpe(torch.arange(8))
+        expected = model.transformer.h[0].attn(model.transformer.h[0].ln_1(hidden))[0].norm(dim=-1).mean()
+    for h in handles:
+        h.remove()
+    assert sorted(series) == ["attn0", "attn1", "engrams", "mem0", "mem1", "mlp0", "mlp1"]
+    assert series["mem0"] == series["mem1"] == [0.0, 0.0, 0.0] and min(series["engrams"][1:]) > 0  # (none before)
+    assert series["attn0"][0] == pytest.approx(float(expected), rel=1e-6)
+    assert bench.block_windows({"a": [1.0, 3.0, 5.0, 7.0, 9.0]}, 2) == [{"forward": 2, "a": 2.0}, {"forward": 4, "a": 6.0}]
+
+
 def test_merging_runs_refuses_other_settings_and_runs_counted_twice(bench, tmp_path):
     args = {"train": "t", "heldout": "h", "steps": 2000}
 
