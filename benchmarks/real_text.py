@@ -342,8 +342,7 @@ def train(spec: str, seed: int, a, corpus: TokenCorpus) -> tuple[torch.nn.Module
     hook.remove()
     for h in handles:
         h.remove()
-    a.block_trace = block_windows(blocks, a.trace_blocks) if a.trace_blocks else None
-    return model, losses, (norms, residual)
+    return model, losses, (norms, residual, block_windows(blocks, a.trace_blocks) if a.trace_blocks else None)
 
 
 def eval_windows(docs: list[list[int]], length: int, limit: int = 0) -> list[list[int]]:
@@ -506,7 +505,7 @@ def main() -> None:
     for spec in a.variants.split(","):
         for seed in [int(s) for s in a.seeds.split(",")]:
             t0 = time.perf_counter()
-            model, losses, (norms, residual) = train(spec, seed, a, corpus)
+            model, losses, (norms, residual, block_trace) = train(spec, seed, a, corpus)
             train_s = time.perf_counter() - t0
             per_text = {name: score(model, toks, a) for name, toks in held.items()}
             ppl = {name: math.exp(sum(s for s, _ in v) / sum(n for _, n in v)) for name, v in per_text.items()}
@@ -522,8 +521,8 @@ def main() -> None:
                      ppl=ppl, nll_by_segment=by_pos, nll_by_bucket=bucket_nll, memory_gain=memory_gain,
                      memory_gain_by_text=gain_by_text,
                      curve=curve(losses, norms, residual), train_s=train_s)  # fmt: skip
-            if a.block_trace is not None:
-                r["block_trace"] = a.block_trace
+            if block_trace is not None:
+                r["block_trace"] = block_trace
             results.append(r)
             print(f"{spec:<40} seed {seed}  train {r['train_loss_last100']:.3f}  "
                   + "  ".join(f"{k} {v:.1f}" for k, v in ppl.items())
