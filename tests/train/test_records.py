@@ -133,12 +133,13 @@ def test_the_memory_modules_wait_for_their_delay(tiny_gpt2_config):
         out = model(x, labels=x, memory=memory_state)  # the memory carried: its modules get gradients
         memory_state = out.memory
         engine.backward(out.loss)
+        if step == 2:  # the memory modules do get gradients during the delay: it is their rate that is 0
+            assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters() if id(p) in memory)
         assert engine.step()
         if step == 2:  # after 3 updates: the backbone moved, the memory modules did not
             moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
             memory_names = {n for n, p in model.named_parameters() if id(p) in memory}
             assert moved and not moved & memory_names
-            assert all(p.grad is None for p in model.parameters())  # (stepped: gradients were there and dropped)
     assert lrs[:3] == [[1e-3 * (8 - s) / 8] * 2 + [0.0, 0.0] for s in range(3)]
     assert lrs[3] == [1e-3 * 5 / 8] * 2 + [1e-3, 1e-3] and lrs[4] == [1e-3 * 4 / 8] * 2 + [1e-3 * 4 / 5] * 2
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n]) and id(p) in memory}
