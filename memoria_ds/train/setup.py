@@ -2,8 +2,9 @@
 
     ctx, state = setup(cfg, info)
 
-1. the checkpoint to resume from and its compatibility; the DeepSpeed config, checked by
-   DeepSpeed's own classes (no data or model work yet);
+1. the checkpoint to resume from and its compatibility (one it cannot use is a `ConfigError`,
+   exit 2, on every rank); the DeepSpeed config, checked by DeepSpeed's own classes (no
+   data or model work yet);
 2. the data: corpora and this rank's streams (`TokenStreams` for text, `ExampleStreams`
    for the sorting task);
 3. the model (straight into ZeRO-3 partitions under stage 3; compiled in place if
@@ -21,7 +22,8 @@ from typing import Any
 from ..data import VOCAB_SIZE, ExampleStreams, TokenStreams
 from . import distributed as dist_utils
 from .build import build_run_model, check_pretrained_settings, load_corpora, resolve_precision, unwrap
-from .checkpoints import CheckpointInfo, check_compatible, choose_checkpoint, seed_everything, set_aside_newer
+from .checkpoints import (CheckpointError, CheckpointInfo, check_compatible, choose_checkpoint, seed_everything,
+                          set_aside_newer)
 from .config import RunConfig
 from .distributed import DistInfo
 from .ds_config import read_ds_config, resolve_ds_config
@@ -88,6 +90,33 @@ def _take_run_dir(ctx: RunContext, state: RunState, ds_config: dict | None) -> N
         raise
 
 
+def _resume_point(cfg: RunConfig, info: DistInfo, log) -> CheckpointInfo | None:
+    """The checkpoint to resume from, checked against this run before any data or model work.
+
+    A checkpoint this run cannot use (corrupt, partial, another model or data layout, other
+    optimizer groups, a world-size change without DeepSpeed) or a fresh start over a run
+    directory with checkpoints is bad input, so it is a `ConfigError` (exit 2) on every rank:
+    rank 0 decides and tells the others, none waits at the broadcast."""
+    choice: tuple[CheckpointInfo | None, str | None] = (None, None)
+    if info.is_main:
+        try:
+            choice = (choose_checkpoint(cfg, log), None)
+        except CheckpointError as e:
+            choice = (None, str(e))
+    resumed, refused = dist_utils.broadcast_object(choice)
+    if refused is None and resumed is not None:
+        try:
+            check_compatible(resumed, cfg)
+            if resumed.world_size != info.world_size and cfg.engine != "deepspeed":
+                raise CheckpointError(f"checkpoint {resumed.path} was saved by {resumed.world_size} ranks and this "
+                                      f"run has {info.world_size}: a world-size change needs engine=deepspeed")
+        except CheckpointError as e:
+            refused = str(e)
+    if refused is not None:
+        raise ConfigError(refused)
+    return resumed
+
+
 def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
     """Build (and resume) one run; see the module docstring for the order."""
     if cfg.engine == "torch" and info.world_size != 1:
@@ -95,9 +124,7 @@ def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
     log = functools.partial(rank0_print, info)
     precision = resolve_precision(cfg.optim.precision, info.device)
     check_pretrained_settings(cfg.model)  # before any data work
-    resumed: CheckpointInfo | None = dist_utils.broadcast_object(choose_checkpoint(cfg, log) if info.is_main else None)
-    if resumed is not None:
-        check_compatible(resumed, cfg)
+    resumed = _resume_point(cfg, info, log)
     # DeepSpeed config mistakes (batch arithmetic, fp16 on CPU) stop the run before any data work
     ds_config = _ds_config(cfg, info, precision, resumed) if cfg.engine == "deepspeed" else None
 

@@ -162,7 +162,7 @@ def test_resume_refuses_an_incompatible_or_corrupt_checkpoint(tmp_path):
     run = tmp_path / "run"
     check(run_training(run))
     proc = run_training(run, "model.preset=xl")
-    assert proc.returncode == 1 and "different `model` configuration" in proc.stderr
+    assert proc.returncode == 2 and "different `model` configuration" in proc.stderr
 
     # corrupt the newest shard: `auto` falls back to the previous checkpoint and says so ...
     shard = run / "checkpoints" / "step_00000006" / "rank_00000.safetensors"
@@ -173,7 +173,7 @@ def test_resume_refuses_an_incompatible_or_corrupt_checkpoint(tmp_path):
     # ... while naming it explicitly is an error
     shard.write_bytes(shard.read_bytes()[:-10] + b"9876543210")
     proc = run_training(run, f"checkpoint.resume={run / 'checkpoints' / 'step_00000006'}")
-    assert proc.returncode == 1 and "does not match its checksum" in proc.stderr
+    assert proc.returncode == 2 and "does not match its checksum" in proc.stderr
     # no usable checkpoint at all: `auto` refuses instead of restarting over them
     for step in (6, 3):
         shard = run / "checkpoints" / f"step_{step:08d}" / "rank_00000.safetensors"
@@ -181,7 +181,7 @@ def test_resume_refuses_an_incompatible_or_corrupt_checkpoint(tmp_path):
     before = {p: p.read_bytes() for p in (run / "checkpoints").rglob("*") if p.is_file()}
     lines = len((run / "metrics.jsonl").read_text().splitlines())
     proc = run_training(run, "checkpoint.resume=auto", launcher="python")
-    assert proc.returncode == 1 and "holds checkpoints but none is usable" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2 and "holds checkpoints but none is usable" in proc.stderr, proc.stderr[-2000:]
     assert "step_00000006" in proc.stderr and "step_00000003" in proc.stderr and "move" in proc.stderr
     assert {p: p.read_bytes() for p in (run / "checkpoints").rglob("*") if p.is_file()} == before
     assert len((run / "metrics.jsonl").read_text().splitlines()) == lines, "nothing was trained"
@@ -205,7 +205,7 @@ def test_configuration_mistakes_stop_before_training(tmp_path):
     # a fresh start over a run directory with checkpoints is refused rather than overwriting them
     check(run_training(tmp_path / "d", "optim.max_steps=3"))
     proc = run_training(tmp_path / "d", "checkpoint.resume=null")
-    assert proc.returncode == 1 and "already has checkpoints" in proc.stderr
+    assert proc.returncode == 2 and "already has checkpoints" in proc.stderr
 
 
 def test_plain_python_with_and_without_deepspeed(tmp_path):
@@ -314,7 +314,7 @@ def test_the_memory_modules_own_groups_run_and_resume_only_with_their_groups(tmp
     check(run_training(run, "optim.memory_lr_scale=0.1", "eval.at_end=false", "optim.max_steps=4",
                        "checkpoint.every=2"))
     proc = run_training(run, "optim.max_steps=6", "eval.at_end=false", "checkpoint.resume=auto")
-    assert proc.returncode != 0 and "optim.memory_lr_scale=0.1" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 2 and "optim.memory_lr_scale=0.1" in proc.stderr, proc.stderr[-3000:]
     assert "resume with a memory_lr_scale other than 1 or a memory_delay_steps above 0" in proc.stderr
     check(run_training(run, "optim.memory_delay_steps=5", "optim.max_steps=6", "eval.at_end=false",
                        "checkpoint.resume=auto"))

@@ -39,6 +39,12 @@ def test_two_ranks_zero2_then_one_rank_then_two_again(tmp_path):
     check(run_training(run, "optim.max_steps=2", "checkpoint.every=2", ranks=2))
     saved = _memory_rows(run / "checkpoints" / "step_00000002", 2)
     assert sorted(saved) == [0, 1, 2, 3]
+    # the plain torch engine cannot re-shard: refused before any work (exit 2), nothing written
+    before = sorted(p for p in run.rglob("*"))
+    proc = run_training(run, "engine=torch", "optim.max_steps=3", "optim.grad_accum=2", "checkpoint.resume=auto",
+                        launcher="python")
+    assert proc.returncode == 2 and "a world-size change needs engine=deepspeed" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and sorted(p for p in run.rglob("*")) == before
     # 1 rank owns all 4 streams (micro 2 x accum 2): weights/optimizer via a universal checkpoint
     proc = check(run_training(run, "optim.max_steps=3", "checkpoint.every=1", "optim.grad_accum=2",
                               "checkpoint.resume=auto", "eval.at_end=false", ranks=1))

@@ -41,7 +41,7 @@ def test_a_forged_checkpoint_file_is_refused_unread(tmp_path, engine, rel, says)
     _forge(ckpt, rel, marker)
     proc = run_training(run, "optim.max_steps=9", f"engine={engine}", "eval.at_end=false", f"checkpoint.resume={ckpt}",
                         launcher="python" if engine == "torch" else "deepspeed")
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
     assert errors and says in errors[0] and "people you trust" in errors[0], errors
     # `auto` skips it like a corrupt checkpoint and resumes from the one before
