@@ -27,7 +27,8 @@ from .checkpoints import (CheckpointError, CheckpointInfo, check_compatible, cho
 from .config import RunConfig
 from .distributed import DistInfo
 from .ds_config import read_ds_config, resolve_ds_config
-from .engine import DeepSpeedEngine, TorchEngine, TrainEngine, check_ds_config, zero3_construction
+from .engine import (DeepSpeedEngine, TorchEngine, TrainEngine, check_ds_config, memory_settings_idle,
+                     zero3_construction)
 from .health import weights_magnitude
 from .parse import ConfigError, dump
 from .run import RunContext, RunState, rank0_print
@@ -143,6 +144,9 @@ def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
     seed_everything(cfg.seed)  # the same initial weights on every rank
     with zero3_construction(ds_config):  # under ZeRO-3: built straight into partitions
         model = build_run_model(cfg, vocab_size)
+    if memory_settings_idle(model, cfg.optim.memory_lr_scale, cfg.optim.memory_delay_steps):
+        log(f"note: optim.memory_lr_scale / optim.memory_delay_steps act on the modules Memoria adds; "
+            f"model.preset={cfg.model.preset} has none to train, so they change nothing in this run")
     if cfg.model.compile is not None:  # in place: the same module, parameter names and state_dict
         model.compile(mode=cfg.model.compile, dynamic=False)
     engine = _engine(cfg, info, model, ds_config, precision, update_steps)

@@ -147,3 +147,21 @@ def test_the_memory_modules_wait_for_their_delay(tiny_gpt2_config):
     # over a restored state: the same rates (the schedules are the engine's, built from the config)
     assert engine.apply_hyperparameters(optim) == {}
     assert [g["lr"] for g in groups] == pytest.approx([1e-3 * 3 / 8] * 2 + [1e-3 * 3 / 5] * 2, rel=1e-12)
+
+
+def test_memory_settings_on_a_model_without_memory_modules_are_named_idle(tiny_gpt2_config):
+    """A memory rate or delay does nothing on `transformer` / `xl` or on frozen memory modules;
+    the run says so (setup's note) instead of silently ignoring it."""
+    from memoria_ds.model import build_model
+    from memoria_ds.train.engine import memory_settings_idle
+
+    sizes = {"num_wm": 2, "num_stm_reminded": 2, "num_ltm_reminded": 2, "stm_capacity": 4}
+    memoria = build_model(tiny_gpt2_config, "memoria", memoria=sizes)
+    for preset in ("transformer", "xl"):
+        plain = build_model(tiny_gpt2_config, preset)
+        assert memory_settings_idle(plain, memory_delay_steps=5) and memory_settings_idle(plain, 0.1)
+        assert not memory_settings_idle(plain)  # nothing set: nothing to say
+    assert not memory_settings_idle(memoria, memory_delay_steps=5) and not memory_settings_idle(memoria, 0.1)
+    for m in memoria.memory_modules():
+        m.requires_grad_(False)
+    assert memory_settings_idle(memoria, memory_delay_steps=5)

@@ -12,7 +12,7 @@ runs without DeepSpeed. Nothing else in memoria_ds imports deepspeed (a test che
 """
 
 from .base import (TrainEngine, delayed_warmup_decay, group_schedules, guard_loss, linear_warmup_decay,
-                   memory_groups_apart, param_groups)
+                   memory_groups_apart, memory_settings_idle, param_groups)
 from .ds import (DeepSpeedEngine, check_ds_config, deepspeed_available, init_process_group, versions,
                  zero3_construction, zero_model_state_bytes)
 from .ds_files import DEEPSPEED_PICKLE_GLOBALS, fp32_master, gathered, to_universal, zero_fp32_state_dict
@@ -21,5 +21,5 @@ from .plain import ENGINE_FILE, TorchEngine
 __all__ = [
     "DEEPSPEED_PICKLE_GLOBALS", "DeepSpeedEngine", "ENGINE_FILE", "TorchEngine", "TrainEngine", "check_ds_config",
     "deepspeed_available", "delayed_warmup_decay", "group_schedules", "fp32_master", "gathered", "guard_loss", "init_process_group", "linear_warmup_decay", "memory_groups_apart",
-    "param_groups", "to_universal", "versions", "zero3_construction", "zero_fp32_state_dict", "zero_model_state_bytes",
+    "memory_settings_idle", "param_groups", "to_universal", "versions", "zero3_construction", "zero_fp32_state_dict", "zero_model_state_bytes",
 ]

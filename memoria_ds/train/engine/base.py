@@ -53,6 +53,14 @@ def memory_groups_apart(memory_lr_scale: float = 1.0, memory_delay_steps: int = 
     return memory_lr_scale != 1.0 or memory_delay_steps > 0
 
 
+def memory_settings_idle(model: nn.Module, memory_lr_scale: float = 1.0, memory_delay_steps: int = 0) -> bool:
+    """Whether a memory learning-rate scale or delay is set on a model with no trainable module
+    for it to act on (`transformer`, `xl`, a backbone whose memory modules are frozen)."""
+    modules = model.memory_modules() if hasattr(model, "memory_modules") else []
+    return (memory_groups_apart(memory_lr_scale, memory_delay_steps)
+            and not any(p.requires_grad for m in modules for p in m.parameters()))
+
+
 def group_layout(model: nn.Module, memory_lr_scale: float = 1.0, memory_delay_steps: int = 0) -> list[tuple[bool, bool]]:
     """(decays, is memory) of each optimizer group `param_groups` makes, in order."""
     apart = memory_groups_apart(memory_lr_scale, memory_delay_steps)
