@@ -113,6 +113,11 @@ def run(cfg: RunConfig, source: str, out: Path, info, memory: Path | None = None
 
     corpus = load_corpora(cfg.data, (cfg.eval.split,), info.rank)[cfg.eval.split]
     model = load_model(source, info.device, cfg.optim.precision)
+    if cfg.model.compile is not None:  # as training compiles it: in place, one graph per shape
+        model.compile(mode=cfg.model.compile, dynamic=False)
+        if info.is_main:
+            print(f"model: compiled in place (torch.compile, mode={cfg.model.compile}); the first segment compiles",
+                  flush=True)
     memoria = getattr(getattr(model, "config", None), "memoria_config", None)
     memory_for = _snapshot_rows(memory, model, source, info.device) if memory is not None else None
     if info.is_main:

@@ -64,6 +64,12 @@ def test_a_run_is_scored_as_its_training_scored_it_on_one_or_two_ranks(tmp_path)
     (two,), (one,) = read_results(out / "validation_full.json"), read_results(tmp_path / "one" / "validation_full.json")
     assert two.world_size == 2 and one.world_size == 1 and two.scored_tokens == one.scored_tokens
     assert abs(two.nll - one.nll) < 1e-5
+    # `model.compile` applies to evaluation too (the whole model as compiled graphs): the same numbers
+    proc = check(evaluate(str(run), "eval.protocols=[full]", "eval.num_streams=2", "model.compile=default", "--out",
+                          str(tmp_path / "compiled")))
+    assert "compiled in place (torch.compile, mode=default)" in proc.stdout
+    (compiled,) = read_results(tmp_path / "compiled" / "validation_full.json")
+    assert compiled.scored_tokens == one.scored_tokens and abs(compiled.nll - one.nll) < 1e-4, (compiled.nll, one.nll)
 
 
 def test_a_plain_causal_lm_is_scored_without_memory(tmp_path):
