@@ -26,21 +26,24 @@ from typing import Any
 from .config import RunConfig
 from .sources import check_sources
 from .parse import ConfigError, load
+from .saved_model import check_saved_model
 
 
 def resolve_model(model: str) -> tuple[str, Path | None]:
-    """(what to load, the run directory if MODEL is one)."""
+    """(what to load, the run directory if MODEL is one); a local model is checked whole."""
     path = Path(model)
     if (path / "config.yaml").is_file():
         export = path / "export"
         if not (export / "config.json").is_file():
             raise ConfigError(f"{path} is a run directory without an export/ to evaluate; train it with "
                               f"checkpoint.export=true (or give a save_pretrained directory)")
+        check_saved_model(export)
         return str(export), path
     if path.exists():
         if not (path / "config.json").is_file():
             raise ConfigError(f"{path} is neither a run directory (config.yaml) nor a save_pretrained "
                               f"directory (config.json)")
+        check_saved_model(path)
         return str(path), None
     if model.startswith((".", "/")) or model.count("/") > 1:
         raise ConfigError(f"{model} does not exist (give a run directory, a save_pretrained directory or a hub id)")

@@ -7,8 +7,8 @@ What goes up is the export as it is: the weights (safetensors), config.json with
 trust_remote_code=True)` works where memoria_ds is installed, without importing it first),
 the tokenizer, the model card (README.md)
 and a LoRA adapter if the run kept one apart. The directory is checked first (a run
-directory or an export; config.json, weights and card present), so a mistake stops with
-exit status 2 before anything touches the network. `--dry-run` lists what would be
+directory or an export; config.json, weights and card present, every weight file whole),
+so a mistake stops with exit status 2 before anything touches the network. `--dry-run` lists what would be
 uploaded and stops there. Uploading needs a token (`hf auth login`, or `HF_TOKEN`).
 """
 
@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from .parse import ConfigError
+from .saved_model import check_saved_model
 
 REQUIRED = ("config.json", "README.md")
 
@@ -36,6 +37,7 @@ def export_dir(path: str | Path) -> Path:
     if missing:
         raise ConfigError(f"{p} is not a memoria_ds export (missing {', '.join(missing)}); train with "
                           f"checkpoint.export=true and give <run_dir> or <run_dir>/export")
+    check_saved_model(p)  # a damaged export is not uploaded
     return p
 
 

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -97,6 +98,26 @@ def test_mistakes_stop_before_any_work(tmp_path):
     proc = evaluate(str(run))
     assert proc.returncode == 2 and "without an export/" in proc.stderr
 
+    # a saved model that cannot load is named before any data work, in one line
+    torch.manual_seed(0)
+    saved = tmp_path / "saved"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=64)).save_pretrained(saved)
+    weights = saved / "model.safetensors"
+    whole, config = weights.read_bytes(), (saved / "config.json").read_text()
+    for damage, says in [
+        (lambda: weights.write_bytes(whole[:-100]), "model.safetensors is not a complete safetensors file"),
+        (lambda: weights.write_bytes(b"\x00" * 64), "model.safetensors is not a complete safetensors file"),
+        (lambda: weights.unlink(), "holds no weights"),
+        (lambda: (saved / "config.json").write_text(config[:-20]), "config.json cannot be read as JSON"),
+    ]:
+        weights.write_bytes(whole)
+        (saved / "config.json").write_text(config)
+        damage()
+        proc = evaluate(str(saved), "data.corpus=bundled", "--out", str(tmp_path / "never"))
+        assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1, proc.stderr
+        assert not (tmp_path / "never").exists()
+
 
 def test_evaluation_from_a_memory_snapshot(tmp_path):
     """`--memory SNAPSHOT`: the streams start from a saved memory (issue 18 item 3); another
@@ -164,3 +185,22 @@ def test_push_checks_the_export_and_dry_runs(tmp_path):
                        ((str(tmp_path), "me/model"), "is not a memoria_ds export")]:
         proc = call(*args, "--dry-run")
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    weights = run / "export" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-64])  # a damaged export is not uploaded
+    proc = call(str(run), "me/model", "--dry-run")
+    assert proc.returncode == 2 and "model.safetensors is not a complete safetensors file" in proc.stderr, proc.stderr
+
+
+def test_a_sharded_model_with_a_shard_missing_is_named(tmp_path):
+    from memoria_ds.train.parse import ConfigError
+    from memoria_ds.train.saved_model import check_saved_model
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=16, n_head=2, n_positions=64)).save_pretrained(
+        tmp_path, max_shard_size="20KB")
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "model.safetensors.index.json").is_file()
+    check_saved_model(tmp_path)  # whole: no error
+    shards[-1].unlink()
+    with pytest.raises(ConfigError, match=f"missing the weight file\\(s\\) \\['{shards[-1].name}'\\]"):
+        check_saved_model(tmp_path)
