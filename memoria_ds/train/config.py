@@ -263,9 +263,6 @@ class OptimSection(Section):
             raise ValueError(f"`optim.memory_lr_scale` ({self.memory_lr_scale}) must be > 0 (1 = the paper's single rate)")
         if self.memory_delay_steps < 0:
             raise ValueError(f"`optim.memory_delay_steps` ({self.memory_delay_steps}) must be >= 0 (0 = no delay, the paper)")
-        if self.max_steps is not None and self.memory_delay_steps >= self.max_steps:
-            raise ValueError(f"`optim.memory_delay_steps` ({self.memory_delay_steps}) must be below `optim.max_steps` "
-                             f"({self.max_steps}): the memory modules would never learn")
         if self.lr <= 0:
             raise ValueError(f"`optim.lr` ({self.lr}) must be > 0")
         if not 0 <= self.warmup_ratio < 1:
@@ -276,6 +273,9 @@ class OptimSection(Section):
             raise ValueError(f"`optim.epochs` ({self.epochs}) must be at least 1")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"`optim.max_steps` ({self.max_steps}) must be at least 1, or null")
+        if self.max_steps is not None and 0 < self.max_steps <= self.memory_delay_steps:
+            raise ValueError(f"`optim.memory_delay_steps` ({self.memory_delay_steps}) must be below `optim.max_steps` "
+                             f"({self.max_steps}): the memory modules would never learn")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"`optim.betas` must be two numbers in [0, 1), got {self.betas}")
         if self.grad_clip < 0:
@@ -386,6 +386,9 @@ class EvalSection(Section):
         bad = [p for p in self.protocols if p not in ("full", "paper")]
         if bad:
             raise ValueError(f"unknown eval protocol(s) {bad}; use `full` and/or `paper`")
+        if not self.protocols and (self.at_end or self.every):
+            raise ValueError("`eval.protocols` is empty: name `full` and/or `paper`, or set `eval.at_end=false` "
+                             "(and `eval.every=0`) to train without evaluating")
         ResetPolicy.parse(self.reset)
         if self.every < 0 or self.num_streams < 0:
             raise ValueError(f"`eval.every` ({self.every}) and `eval.num_streams` ({self.num_streams}) must be >= 0 "

@@ -27,6 +27,10 @@ from memoria_ds.train.parse import ConfigError, load
          r"`optim.memory_delay_steps` \(100\) must be below `optim.max_steps` \(100\): the memory modules would never"),
         (["eval.every=-5"], r"`eval.every` \(-5\) and `eval.num_streams` \(0\) must be >= 0"),
         (["eval.max_steps=0"], r"`eval.max_steps` \(0\) must be at least 1"),
+        (["optim.max_steps=0"], r"`optim.max_steps` \(0\) must be at least 1, or null"),
+        (["optim.max_steps=-5", "optim.memory_delay_steps=3"], r"`optim.max_steps` \(-5\) must be at least 1"),
+        (["eval.protocols=[]"], r"`eval.protocols` is empty: name `full` and/or `paper`, or set `eval.at_end=false`"),
+        (["eval.protocols=[]", "eval.at_end=false", "eval.every=5"], r"`eval.protocols` is empty"),
         (["model.from_scratch=true", "data.segment_length=300", "model.settings={n_positions: 256}"],
          r"`data.segment_length` \(300\) exceeds the model's positions \(`model.settings.n_positions` = 256\)"),
         (["model.from_scratch=true", "data.segment_length=2048"], r"exceeds the model's positions .* = 1024"),
@@ -53,6 +57,8 @@ def test_mistakes_are_caught_when_the_config_loads(overrides, message):
          "memoria_fast", {"num_wm": 16, "num_stm_reminded": 16, "stm_capacity": 128}),
         (["data.corpus=sorting"], "memoria", {}),
         (["data.corpus=files", "data.files={train: [a.txt]}"], "memoria", {}),
+        (["eval.protocols=[]", "eval.at_end=false"], "memoria", {}),  # training without evaluation
+        (["optim.max_steps=1"], "memoria", {}),  # no delay: any length
     ],
 )
 def test_valid_settings_load_unchanged(overrides, preset, memoria):
