@@ -16,7 +16,7 @@ import sys
 
 from .checkpoints import CheckpointError
 from .config import RunConfig
-from .run_lock import RunDirInUse
+from .run_lock import RunDirInUse, RunDirUnusable
 from .run_lock import probe as probe_run_dir
 from .sources import check_sources
 from .parse import ConfigError, load
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2"
         cfg = parse(argv, description, base_overrides or [])
         check_sources(cfg)  # a backbone or corpus on an unreachable hub: a few lines now, not a traceback later
         probe_run_dir(cfg.run_dir)  # another live run in this directory: refuse before any work
-    except (ConfigError, RunDirInUse) as e:
+    except (ConfigError, RunDirInUse, RunDirUnusable) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

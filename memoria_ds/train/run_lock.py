@@ -5,6 +5,7 @@ holds it ends, however it ends (kill -9 included), so no stale lock needs cleani
 file says who holds it (pid, host, start time) for the refusal message.
 
     probe(run_dir)          every rank, before anything expensive: refuse a directory in use
+                            (or one that cannot be created or written)
     RunLock(run_dir).acquire()   rank 0, when it creates the directory: hold it to the end
 
 Every rank probes before it joins the process group and rank 0 acquires only after all have
@@ -47,9 +48,26 @@ def _message(run_dir: Path, path: Path) -> str:
             f"or choose another run_dir")
 
 
+class RunDirUnusable(ValueError):
+    """The run directory cannot be created or written (a file in its place, no permission)."""
+
+
+def _check_usable(run_dir: Path) -> None:
+    existing = run_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "is a file" if existing == run_dir else f"lies under {existing}, which is a file"
+        raise RunDirUnusable(f"run_dir {run_dir} {where}; choose a directory path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunDirUnusable(f"run_dir {run_dir}: {existing} is not writable by this user; choose another run_dir")
+
+
 def probe(run_dir: str | os.PathLike) -> None:
-    """Raise `RunDirInUse` if a live run holds `run_dir` (nothing is created or kept)."""
+    """Raise `RunDirUnusable` if `run_dir` cannot be a directory this process writes, and
+    `RunDirInUse` if a live run holds it (nothing is created or kept)."""
     run_dir = Path(run_dir)
+    _check_usable(run_dir)
     path = run_dir / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDONLY)

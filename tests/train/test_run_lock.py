@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from memoria_ds.train.run_lock import LOCK_NAME, RunDirInUse, RunLock, probe
+from memoria_ds.train.run_lock import LOCK_NAME, RunDirInUse, RunDirUnusable, RunLock, probe
 
 from .launch_util import FINETUNE, ROOT, TINY, check, run_training
 
@@ -35,6 +35,17 @@ def test_probe_and_lock_in_one_directory(tmp_path):
         assert lock.path.exists()
     probe(tmp_path / "run")  # released: free again
     RunLock(tmp_path / "run").acquire()  # and can be taken again
+
+
+def test_a_run_dir_that_cannot_be_a_directory_is_named(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunDirUnusable, match=r"run_dir .*/file is a file; choose a directory path"):
+        probe(tmp_path / "file")
+    with pytest.raises(RunDirUnusable, match=r"run_dir .*/file/a/b lies under .*/file, which is a file"):
+        probe(tmp_path / "file" / "a" / "b")
+    probe(tmp_path / "a" / "b")  # missing parents are fine: the run creates them
+    proc = run_training(tmp_path / "file" / "run", launcher="python")  # through the real launcher: exit 2, one line
+    assert proc.returncode == 2 and "lies under" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
 def test_a_live_holder_is_named_and_a_killed_one_leaves_no_lock(tmp_path):
