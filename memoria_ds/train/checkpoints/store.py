@@ -230,6 +230,39 @@ def _short(e: BaseException) -> str:
     return text[0][:300] if text else type(e).__name__
 
 
+def _check_manifest_fields(path: Path, manifest: dict[str, Any]) -> None:
+    """The manifest's fields have the types `save_checkpoint` writes, and every file it names
+    lies inside the checkpoint (a crafted `../` name is not read, not even to hash it)."""
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {str(path)!r}: {MANIFEST} is corrupt ({what})")
+
+    def count(key: str, least: int) -> None:
+        value = manifest.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise bad(f"`{key}` is {value!r}, not an integer >= {least}")
+
+    count("step", 0)
+    count("world_size", 1)
+    files = manifest.get("files", {})
+    digests = manifest.get("sha256") or manifest.get("shard_sha256", {})
+    if not isinstance(files, dict) or not isinstance(digests, dict):
+        raise bad("`files` and `sha256` must be objects")
+    root = path.resolve()
+    for rel in [*files, *digests]:
+        inside = bool(rel) and not Path(rel).is_absolute() and ".." not in Path(rel).parts
+        if not inside or not (path / rel).resolve().is_relative_to(root):
+            raise bad(f"the file name {rel!r} points outside the checkpoint")
+    for rel, size in files.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise bad(f"the size of {rel} is {size!r}")
+    for rel, digest in digests.items():
+        if not isinstance(digest, str):
+            raise bad(f"the checksum of {rel} is {digest!r}")
+    meta = manifest.get("meta", {})
+    if not isinstance(meta, dict) or not all(isinstance(meta.get(k, {}), dict) for k in ("config", "fingerprint")):
+        raise bad("`meta` and its `config` and `fingerprint` must be objects")
+
+
 def validate(path: Path, verify_contents: bool = True) -> CheckpointInfo:
     """Check that `path` is a complete checkpoint; raise CheckpointError saying what is wrong.
 
@@ -249,10 +282,13 @@ def validate(path: Path, verify_contents: bool = True) -> CheckpointInfo:
         )
     try:
         manifest = json.loads(mpath.read_text())
-    except json.JSONDecodeError as e:
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint {str(path)!r}: {MANIFEST} is corrupt ({e})") from e
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"checkpoint {str(path)!r}: {MANIFEST} is corrupt (not a JSON object)")
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {str(path)!r} has format {manifest.get('format')!r}; this version reads {FORMAT}")
+    _check_manifest_fields(path, manifest)
     legacy = sorted(rel for rel in manifest.get("files", {}) if _LEGACY.match(rel))
     if legacy:
         raise CheckpointError(
