@@ -157,6 +157,27 @@ def analyze_files(out: str | Path, state: str | Path | None = None, trace: str |
     return figures
 
 
+def _check_arguments(a: argparse.Namespace) -> None:
+    """Mistakes in the command line stop before any folder is made or model loaded (ValueError)."""
+    if a.run_dir:
+        run = Path(a.run_dir)
+        if not run.is_dir():
+            raise ValueError(f"{run} is not a directory; give a training run directory (config.yaml, metrics.jsonl)")
+        if not ((run / "config.yaml").is_file() or (run / "metrics.jsonl").is_file()):
+            raise ValueError(f"{run} is not a training run directory (no config.yaml or metrics.jsonl in it)")
+    out = Path(a.out) if a.out else (Path(a.run_dir) / "analysis" if a.run_dir else None)
+    if out is not None:
+        existing = out
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise ValueError(f"--out {out}: {existing} is a file; give a folder for the plots")
+    if a.max_steps is not None and a.max_steps < 1:
+        raise ValueError(f"--max-steps ({a.max_steps}) must be at least 1")
+    if a.graph_every < 0:
+        raise ValueError(f"--graph-every ({a.graph_every}) must be >= 0 (0: never)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", nargs="?", help="a training run directory")
@@ -170,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace-file", help="a trace JSONL (or a metrics.jsonl) to plot with --state")
     a = p.parse_args(argv)
     try:
+        _check_arguments(a)
         if a.run_dir:
             figures = analyze_run(a.run_dir, a.out, trace_split=a.trace_split, protocol=a.protocol,
                                   max_steps=a.max_steps, device=a.device, graph_every=a.graph_every)

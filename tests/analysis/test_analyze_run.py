@@ -97,3 +97,24 @@ def test_collector_builds_table1_from_the_smoke_run(smoke_run, tmp_path):
     line = next(x for x in md.splitlines() if x.startswith("| Memoria Transformer | WikiText-103 PPL |"))
     assert "smoke run (CPU, stand-in data, tiny model): not a reproduction" in line
     assert line.split("|")[4].strip() != "-"  # our `paper`-protocol number is there
+
+
+def test_command_line_mistakes_stop_before_any_folder_is_made(tmp_path, capsys):
+    from memoria_ds.analysis.analyze import main
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("")
+    (tmp_path / "file").write_text("x")
+    for argv, says in [
+        ([str(tmp_path / "missing")], "is not a directory; give a training run directory"),
+        ([str(tmp_path)], "is not a training run directory (no config.yaml or metrics.jsonl in it)"),
+        ([str(run_dir), "--out", str(tmp_path / "file" / "plots")], "is a file; give a folder for the plots"),
+        ([str(run_dir), "--max-steps", "0"], "--max-steps (0) must be at least 1"),
+        ([str(run_dir), "--graph-every", "-1"], "--graph-every (-1) must be >= 0"),
+        (["--state", str(tmp_path / "file"), "--out", str(tmp_path / "file")], "is a file; give a folder"),
+    ]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and says in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "run"] and not (run_dir / "analysis").exists()
