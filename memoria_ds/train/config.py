@@ -436,6 +436,11 @@ class RunConfig(Section):
                              f"raise n_positions or shorten segments")
         if self.lora.enabled and self.model.from_scratch:
             raise ValueError("LoRA adapts a pretrained backbone: set `lora.enabled: false` for `model.from_scratch`")
+        # every corpus loader names its splits train / validation / test; local files, as data.files does
+        splits = sorted(self.data.files) if self.data.corpus == "files" else ["test", "train", "validation"]
+        if (self.eval.at_end or self.eval.every) and self.eval.split not in splits:
+            raise ValueError(f"`eval.split` {self.eval.split!r} is not a split of `data.corpus: {self.data.corpus}` "
+                             f"(it has {splits}); choose one, or set `eval.at_end=false` to train without evaluating")
         return self
 
 

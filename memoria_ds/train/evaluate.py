@@ -66,6 +66,8 @@ def parse(argv: list[str] | None) -> tuple[RunConfig, str, Path | None, Path, Pa
     config = a.config or (str(run_dir / "config.yaml") if run_dir is not None else None)
     cfg = load(RunConfig, config, list(a.overrides))
     out = Path(a.out) if a.out else (run_dir / "eval" if run_dir is not None else Path("eval_results"))
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder for the results")
     # the data (and, for a hub id, the model) must be reachable before anything is loaded
     scored = cfg.model.model_copy(update={"backbone": source, "from_scratch": False})
     check_sources(cfg.model_copy(update={"model": scored}))
@@ -99,8 +101,8 @@ def _snapshot_rows(path: Path, model, source: str, device):
         raise ConfigError(f"--memory: {source} has no memory to start from (it is scored without memory)")
     try:
         load_snapshot(path, model)  # refuses another model's snapshot before any data is read
-    except SnapshotMismatch as e:
-        raise ConfigError(str(e)) from None
+    except ValueError as e:  # another model's (SnapshotMismatch), or not a snapshot at all
+        raise ConfigError(f"--memory: {e}") from None
 
     def rows(stream_ids: list[int]):
         return load_snapshot(path, model, stream_ids=stream_ids, device=device).memory

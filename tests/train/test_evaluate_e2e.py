@@ -92,6 +92,16 @@ def test_mistakes_stop_before_any_work(tmp_path):
     ]:
         proc = evaluate(*args)
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr[-2000:]
+    torch.manual_seed(0)
+    plain = tmp_path / "plain"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=64)).save_pretrained(plain)
+    (tmp_path / "file").write_text("x")
+    for args, says in [
+        ([str(plain), "eval.split=valid"], "`eval.split` 'valid' is not a split of `data.corpus: bundled`"),
+        ([str(plain), "--out", str(tmp_path / "file")], "is a file; give a folder for the results"),
+    ]:
+        proc = evaluate(*args)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr[-2000:]
     run = tmp_path / "run"
     (run).mkdir()
     (run / "config.yaml").write_text("seed: 0\n")
@@ -148,6 +158,7 @@ def test_evaluation_from_a_memory_snapshot(tmp_path):
     for model_dir, snapshot, says in [
         (tmp_path / "other", snap, "holds the memory of another model"),
         (tmp_path / "model", tmp_path / "missing.safetensors", "no such snapshot file"),
+        (tmp_path / "model", tmp_path / "model" / "config.json", "is not a readable memoria_ds state file"),
     ]:
         proc = evaluate(str(model_dir), "--memory", str(snapshot), *common, "--out", str(tmp_path / "x"))
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr[-2000:]

@@ -195,7 +195,8 @@ def test_configuration_mistakes_stop_before_training(tmp_path):
     proc = run_training(tmp_path / "b", f"deepspeed={bad_ds}")
     assert proc.returncode == 2
     assert "train_batch_size (3) != micro_batch (2) * grad_accum (1) * world_size (1) = 2" in proc.stderr
-    proc = run_training(tmp_path / "c", "data.corpus=files", f"data.files={{train: [{tmp_path / 'missing.txt'}]}}")
+    proc = run_training(tmp_path / "c", "data.corpus=files", f"data.files={{train: [{tmp_path / 'missing.txt'}]}}",
+                        "eval.at_end=false")
     assert proc.returncode == 2 and f"data.files.train: '{tmp_path / 'missing.txt'}' matches no file" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "c").exists()
     # a memory delay as long as the run (counted in epochs) is refused before the model is built

@@ -28,6 +28,9 @@ from memoria_ds.train.parse import ConfigError, load
         (["eval.every=-5"], r"`eval.every` \(-5\) and `eval.num_streams` \(0\) must be >= 0"),
         (["eval.max_steps=0"], r"`eval.max_steps` \(0\) must be at least 1"),
         (["optim.max_steps=0"], r"`optim.max_steps` \(0\) must be at least 1, or null"),
+        (["eval.split=valid"], r"`eval.split` 'valid' is not a split of `data.corpus: bundled` \(it has \['test', 'train', "),
+        (["data.corpus=files", "data.files={train: [a.txt]}"], r"`eval.split` 'validation' is not a split of `data.corpus: "
+         r"files` \(it has \['train'\]\)"),
         (["optim.max_steps=-5", "optim.memory_delay_steps=3"], r"`optim.max_steps` \(-5\) must be at least 1"),
         (["eval.protocols=[]"], r"`eval.protocols` is empty: name `full` and/or `paper`, or set `eval.at_end=false`"),
         (["eval.protocols=[]", "eval.at_end=false", "eval.every=5"], r"`eval.protocols` is empty"),
@@ -56,7 +59,8 @@ def test_mistakes_are_caught_when_the_config_loads(overrides, message):
         (["model.preset=memoria_fast", "model.settings.memoria={num_wm: 16, num_stm_reminded: 16, stm_capacity: 128}"],
          "memoria_fast", {"num_wm": 16, "num_stm_reminded": 16, "stm_capacity": 128}),
         (["data.corpus=sorting"], "memoria", {}),
-        (["data.corpus=files", "data.files={train: [a.txt]}"], "memoria", {}),
+        (["data.corpus=files", "data.files={train: [a.txt]}", "eval.at_end=false"], "memoria", {}),
+        (["data.corpus=files", "data.files={train: [a.txt], dev: [b.txt]}", "eval.split=dev"], "memoria", {}),
         (["eval.protocols=[]", "eval.at_end=false"], "memoria", {}),  # training without evaluation
         (["optim.max_steps=1"], "memoria", {}),  # no delay: any length
     ],
