@@ -21,6 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from ..data.corpora import CORPORA
 from ..data.reset import ResetPolicy
+from ..data.sorting import NUM_SYMBOLS
 from ..memory import COMPILE_MODES, MemoriaConfig
 from ..model.config import MemoriaGPT2Config, position_banks, resolve_preset
 
@@ -192,6 +193,16 @@ class DataSection(Section):
         ResetPolicy.parse(self.reset)  # fails early with the list of valid forms
         if self.corpus == "files" and not self.files:
             raise ValueError("`data.corpus: files` needs `data.files`, e.g. {train: [a.txt], validation: [b.txt]}")
+        if self.corpus == "sorting":
+            settings = self.sorting_settings
+            for key, least in (("num_segments", 1), ("num_train", 1), ("num_validation", 0), ("num_test", 0),
+                               ("seed", 0)):
+                value = settings[key]
+                if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                    raise ValueError(f"`data.sorting.{key}` ({value!r}) must be an integer >= {least}")
+            if settings["num_segments"] * self.segment_length <= NUM_SYMBOLS:
+                raise ValueError(f"`data.sorting.num_segments` ({settings['num_segments']}) segments of "
+                                 f"{self.segment_length} cannot hold the {NUM_SYMBOLS}-symbol answer and any input")
         return self
 
     @property
@@ -441,6 +452,10 @@ class RunConfig(Section):
         if (self.eval.at_end or self.eval.every) and self.eval.split not in splits:
             raise ValueError(f"`eval.split` {self.eval.split!r} is not a split of `data.corpus: {self.data.corpus}` "
                              f"(it has {splits}); choose one, or set `eval.at_end=false` to train without evaluating")
+        if (self.data.corpus == "sorting" and (self.eval.at_end or self.eval.every)
+                and self.data.sorting_settings[f"num_{self.eval.split}"] < 1):
+            raise ValueError(f"`data.sorting.num_{self.eval.split}` is 0: nothing to evaluate on `eval.split: "
+                             f"{self.eval.split}`; generate some, or set `eval.at_end=false`")
         return self
 
 

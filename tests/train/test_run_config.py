@@ -28,6 +28,13 @@ from memoria_ds.train.parse import ConfigError, load
         (["eval.every=-5"], r"`eval.every` \(-5\) and `eval.num_streams` \(0\) must be >= 0"),
         (["eval.max_steps=0"], r"`eval.max_steps` \(0\) must be at least 1"),
         (["optim.max_steps=0"], r"`optim.max_steps` \(0\) must be at least 1, or null"),
+        (["data.corpus=sorting", "data.sorting={num_segments: 0}"], r"`data.sorting.num_segments` \(0\) must be an"),
+        (["data.corpus=sorting", "data.sorting={num_train: 0}"], r"`data.sorting.num_train` \(0\) must be an integer >= 1"),
+        (["data.corpus=sorting", "data.sorting={num_test: -1}"], r"`data.sorting.num_test` \(-1\) must be an integer >= 0"),
+        (["data.corpus=sorting", "data.sorting={seed: 1.5}"], r"`data.sorting.seed` \(1.5\) must be an integer >= 0"),
+        (["data.corpus=sorting", "data.segment_length=4", "data.sorting={num_segments: 5}"],
+         r"`data.sorting.num_segments` \(5\) segments of 4 cannot hold the 20-symbol answer"),
+        (["data.corpus=sorting", "data.sorting={num_validation: 0}"], r"`data.sorting.num_validation` is 0: nothing to"),
         (["eval.split=valid"], r"`eval.split` 'valid' is not a split of `data.corpus: bundled` \(it has \['test', 'train', "),
         (["data.corpus=files", "data.files={train: [a.txt]}"], r"`eval.split` 'validation' is not a split of `data.corpus: "
          r"files` \(it has \['train'\]\)"),
@@ -59,6 +66,7 @@ def test_mistakes_are_caught_when_the_config_loads(overrides, message):
         (["model.preset=memoria_fast", "model.settings.memoria={num_wm: 16, num_stm_reminded: 16, stm_capacity: 128}"],
          "memoria_fast", {"num_wm": 16, "num_stm_reminded": 16, "stm_capacity": 128}),
         (["data.corpus=sorting"], "memoria", {}),
+        (["data.corpus=sorting", "data.sorting={num_segments: 1, num_validation: 0}", "eval.split=test"], "memoria", {}),
         (["data.corpus=files", "data.files={train: [a.txt]}", "eval.at_end=false"], "memoria", {}),
         (["data.corpus=files", "data.files={train: [a.txt], dev: [b.txt]}", "eval.split=dev"], "memoria", {}),
         (["eval.protocols=[]", "eval.at_end=false"], "memoria", {}),  # training without evaluation
