@@ -87,6 +87,14 @@ def to_dict(obj: BaseModel) -> dict[str, Any]:
     return obj.model_dump(mode="json")
 
 
+def _one_line(e: Exception) -> str:
+    """A parser's error in one line: YAML's problem and where (line and column, 1-based)."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is not None and problem:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(e).split())
+
+
 def read_file(path: str | Path) -> dict[str, Any]:
     """A YAML or JSON mapping from `path` (a clear error if missing or malformed)."""
     p = Path(path)
@@ -94,8 +102,9 @@ def read_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(p)!r} does not exist")
     try:
         data = json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text())
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {e}")
+    except (json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
+                          f"{_one_line(e)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -113,7 +122,7 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError as e:
-            raise ConfigError(f"override {item!r}: cannot parse the value: {e}")
+            raise ConfigError(f"override {item!r}: cannot parse the value: {_one_line(e)}") from None
         node = out
         parts = key.strip().split(".")
         for part in parts[:-1]:

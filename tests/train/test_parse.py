@@ -91,6 +91,18 @@ def test_missing_and_malformed_files(tmp_path):
     lst.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping at the top level"):
         load(Outer, lst)
+    # YAML's multi-line report, and undecodable bytes, come out as one line that says where
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("run_dir: [1,2\n")
+    with pytest.raises(ConfigError, match=r"is not valid YAML: expected ',' or '\]', but got '<stream end>' at line 2, "
+                                          r"column 1$") as e:
+        load(Outer, broken)
+    assert "\n" not in str(e.value)
+    broken.write_bytes(b"\xff\xfe")
+    with pytest.raises(ConfigError, match="is not valid YAML: 'utf-8' codec can't decode"):
+        load(Outer, broken)
+    with pytest.raises(ConfigError, match=r"cannot parse the value: .* at line 1, column 4$"):
+        load(Outer, None, ["a.b=[1,"])
 
 
 def test_dump_round_trips(tmp_path):
