@@ -95,7 +95,7 @@ def load_model(source: str, device, precision: str):
 
 def _snapshot_rows(path: Path, model, source: str, device):
     """stream ids -> the snapshot's rows for them, for `model` (another model's snapshot: ConfigError)."""
-    from ..model.snapshot import SnapshotMismatch, load_snapshot
+    from ..model.snapshot import load_snapshot
 
     if not hasattr(model, "memory_kind"):
         raise ConfigError(f"--memory: {source} has no memory to start from (it is scored without memory)")

@@ -8,8 +8,9 @@ trust_remote_code=True)` works where memoria_ds is installed, without importing 
 the tokenizer, the model card (README.md)
 and a LoRA adapter if the run kept one apart. The directory is checked first (a run
 directory or an export; config.json, weights and card present, every weight file whole),
-so a mistake stops with exit status 2 before anything touches the network. `--dry-run` lists what would be
-uploaded and stops there. Uploading needs a token (`hf auth login`, or `HF_TOKEN`).
+so a mistake stops with exit status 2 before anything touches the network. `--dry-run`
+lists what would be uploaded and stops there. Uploading needs a token (`hf auth login`, or
+`HF_TOKEN`).
 """
 
 from __future__ import annotations
