@@ -26,6 +26,7 @@ from . import plots
 from .memory_data import (MemorySnapshot, edge_weights_by_age, latest_shard, lifespans_by_kind, load_memory,
                           ltm_creation_percent)
 from ..eval.trace import MemoryTrace, read_trace
+from ..train.run_lock import nearest_existing
 
 
 def traced_evaluation(run_dir: Path, out: Path, split: str, protocol: str = "paper", max_steps: int | None = None,
@@ -166,12 +167,8 @@ def _check_arguments(a: argparse.Namespace) -> None:
         if not ((run / "config.yaml").is_file() or (run / "metrics.jsonl").is_file()):
             raise ValueError(f"{run} is not a training run directory (no config.yaml or metrics.jsonl in it)")
     out = Path(a.out) if a.out else (Path(a.run_dir) / "analysis" if a.run_dir else None)
-    if out is not None:
-        existing = out
-        while not existing.exists() and existing != existing.parent:
-            existing = existing.parent
-        if not existing.is_dir():
-            raise ValueError(f"--out {out}: {existing} is a file; give a folder for the plots")
+    if out is not None and not nearest_existing(out).is_dir():
+        raise ValueError(f"--out {out}: {nearest_existing(out)} is a file; give a folder for the plots")
     if a.max_steps is not None and a.max_steps < 1:
         raise ValueError(f"--max-steps ({a.max_steps}) must be at least 1")
     if a.graph_every < 0:

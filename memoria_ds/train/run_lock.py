@@ -52,10 +52,15 @@ class RunDirUnusable(ValueError):
     """The run directory cannot be created or written (a file in its place, no permission)."""
 
 
+def nearest_existing(path: Path) -> Path:
+    """`path` itself if it exists, else its closest existing ancestor (what creating it would meet)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def _check_usable(run_dir: Path) -> None:
-    existing = run_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = nearest_existing(run_dir)
     if not existing.is_dir():
         where = "is a file" if existing == run_dir else f"lies under {existing}, which is a file"
         raise RunDirUnusable(f"run_dir {run_dir} {where}; choose a directory path")
