@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 import torch
+from datasets.exceptions import DatasetGenerationError
 from torch import nn
 from transformers import AutoConfig, GPT2Config
 
 from ..data import TokenCorpus, input_length_for, local_documents, prepare_corpus, sorting_dataset
 from ..model import MemoriaGPT2Config, apply_lora, build_model
 from . import distributed as dist_utils
+from . import faults
 from .config import DataSection, LoraSection, ModelSection, RunConfig
 from .parse import ConfigError
 
@@ -31,6 +34,8 @@ def load_corpora(data: DataSection, splits: tuple[str, ...], rank: int) -> dict[
         kwargs["path"] = data.path
 
     def prepare() -> dict[str, TokenCorpus]:
+        if faults.active("disk_full_in_data_prep", 0):
+            raise OSError(errno.ENOSPC, "No space left on device (fault injection)")
         if data.corpus == "sorting":  # generated examples (datasets.Dataset per split)
             s = data.sorting_settings
             sizes = {"num_train": s["num_train"] if "train" in splits else 0,
@@ -39,18 +44,45 @@ def load_corpora(data: DataSection, splits: tuple[str, ...], rank: int) -> dict[
             length = input_length_for(s["num_segments"], data.segment_length)
             return dict(sorting_dataset(length, seed=s["seed"], num_proc=data.num_proc, **sizes))
         if data.corpus == "files":
-            docs = local_documents(data.files, text_field=data.text_field)
+            try:
+                docs = local_documents(data.files, text_field=data.text_field)
+            except DatasetGenerationError as e:  # a malformed row: say which error, not `datasets`' wrapper
+                cause = e.__cause__ or e.__context__ or e
+                raise ConfigError(f"data.files could not be read ({type(cause).__name__}: {_first_line(str(cause))}); "
+                                  f"fix or replace the file") from e
             return prepare_corpus(docs, data.tokenizer, name="files", splits=splits, num_proc=data.num_proc,
                                   append_eos=data.append_eos)
         return prepare_corpus(data.corpus, data.tokenizer, splits=splits, num_proc=data.num_proc,
                               append_eos=data.append_eos, **kwargs)
 
+    failure: Exception | None = None
     if rank == 0:
-        out = prepare()
-    dist_utils.barrier()
+        try:
+            out = prepare()
+        except Exception as e:  # told to the others (none waits at a barrier for a rank that is gone), then raised
+            failure = e
+    told = dist_utils.broadcast_object(
+        None if failure is None else (isinstance(failure, ConfigError), type(failure).__name__, str(failure)))
+    if failure is not None:
+        raise failure
+    if told is not None:
+        bad_input, kind, message = told
+        if bad_input:  # the same one line (and exit status 2) on every rank
+            raise ConfigError(message)
+        raise DataPreparationFailed(f"rank 0 could not prepare the data ({kind}: {_first_line(message)}); "
+                                    f"its error says why")
     if rank != 0:
         out = prepare()
     return out
+
+
+class DataPreparationFailed(RuntimeError):
+    """Rank 0 failed to prepare the corpora; raised on the other ranks instead of waiting."""
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else text
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 # The published GPT-2 shapes (n_embd, n_layer, n_head): a from-scratch run needs only these,

@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2"
         sys.exit(2)
 
     from . import distributed as dist_utils
+    from .build import DataPreparationFailed
     from .health import DivergedState
     from .loop import NonFiniteLoss, run
 
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2"
     except ConfigError as e:  # found before training started: a mistake in the configuration
         print(f"error (rank {info.rank}): {e}", file=sys.stderr, flush=True)
         code = 2
-    except (CheckpointError, NonFiniteLoss, DivergedState) as e:
+    except (CheckpointError, NonFiniteLoss, DivergedState, DataPreparationFailed) as e:
         print(f"error (rank {info.rank}): {e}", file=sys.stderr, flush=True)
         code = 1
     dist_utils.leave(code)

@@ -159,12 +159,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     from . import distributed as dist_utils
+    from .build import DataPreparationFailed
 
     info = dist_utils.init_distributed(use_deepspeed=False)
     code = 0
     try:
         run(cfg, source, out, info, memory)
-    except (ConfigError, OSError, ValueError) as e:
+    except (ConfigError, OSError, ValueError, DataPreparationFailed) as e:
         print(f"error (rank {info.rank}): {e}", file=sys.stderr, flush=True)
         code = 2 if isinstance(e, ConfigError) else 1
     dist_utils.leave(code)

@@ -8,6 +8,7 @@ Set `MEMORIA_DS_FAULT=<kind>:<step>` in the environment of a run:
     nan_loss:N           rank 0's loss at step N (first micro-batch) becomes NaN
     disk_full_during_save:N   writing checkpoint N fails as on a full disk (ENOSPC) after
                          the engine state was written
+    disk_full_in_data_prep:0  rank 0's data preparation fails as on a full disk (ENOSPC)
 
 Nothing happens when the variable is unset. The hooks exist so the atomic-save guarantee,
 resume-after-kill and the NaN policies are tested with the real launcher, not described.
