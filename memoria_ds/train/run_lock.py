@@ -23,6 +23,7 @@ import fcntl
 import json
 import os
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -66,6 +67,11 @@ def _check_usable(run_dir: Path) -> None:
         raise RunDirUnusable(f"run_dir {run_dir} {where}; choose a directory path")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise RunDirUnusable(f"run_dir {run_dir}: {existing} is not writable by this user; choose another run_dir")
+    try:  # what `access` cannot tell (root on /proc, a read-only or full filesystem): try, and leave nothing
+        os.rmdir(tempfile.mkdtemp(prefix=".probe_", dir=existing))
+    except OSError as e:
+        raise RunDirUnusable(f"run_dir {run_dir}: nothing can be created in {existing} ({e.strerror}); "
+                             f"choose another run_dir") from None
 
 
 def probe(run_dir: str | os.PathLike) -> None:

@@ -48,6 +48,17 @@ def test_a_run_dir_that_cannot_be_a_directory_is_named(tmp_path):
     assert proc.returncode == 2 and "lies under" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
+def test_a_run_dir_where_nothing_can_be_created_is_named_and_the_probe_leaves_nothing(tmp_path):
+    """/proc accepts `access(W_OK)` from root and still refuses mkdir: the probe tries instead of asking."""
+    with pytest.raises(RunDirUnusable, match=r"run_dir /proc/memoria_run: nothing can be created in /proc "):
+        probe("/proc/memoria_run")
+    probe(tmp_path)  # an existing, writable directory: the probe's trial directory is gone again
+    assert list(tmp_path.iterdir()) == []
+    proc = run_training("/proc/memoria_run", launcher="python")
+    assert proc.returncode == 2 and "nothing can be created in /proc" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
 def test_a_live_holder_is_named_and_a_killed_one_leaves_no_lock(tmp_path):
     run_dir = tmp_path / "run"
     holder = _holder(run_dir)
