@@ -68,6 +68,9 @@ from memoria_ds.data.tokenize import gpt2_tokenizer_offline
 from memoria_ds.model import PRESETS, build_model
 from memoria_ds.train.engine import delayed_warmup_decay, param_groups
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import arguments  # noqa: E402  (benchmarks/arguments.py: the option checks shared with sorting.py)
+
 CANTERBURY = {"alice29", "asyoulik", "lcet10", "plrabn12"}
 BROTLI_SDIST = "brotli==1.2.1"
 # stdlib-js data packages on the npm registry: name -> (package, version, the registry's sha512 integrity)
@@ -175,12 +178,18 @@ def load_texts(names: list[str]) -> dict[str, list[str]]:
 
 
 def parse_variant(spec: str) -> tuple[str, dict, dict]:
-    """`preset+key=value+opt.knob=value` -> (preset, model settings, optimiser knobs)."""
+    """`preset+key=value+opt.knob=value` -> (preset, model settings, optimiser knobs).
+
+    Raises:
+        ValueError: an unknown preset or optimiser knob, a pair without `=`, a knob's bad value.
+    """
     preset, *pairs = spec.split("+")
     if preset not in PRESETS:
-        raise SystemExit(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
+        raise ValueError(f"unknown preset {preset!r} in {spec!r}; known: {sorted(PRESETS)}")
     settings, knobs = {}, dict(OPT_KNOBS)
     for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"{pair!r} in {spec!r} is not key=value (e.g. {preset}+opt.memory_lr=0.3)")
         key, value = pair.split("=", 1)
         try:
             value = ast.literal_eval(value)
@@ -188,11 +197,23 @@ def parse_variant(spec: str) -> tuple[str, dict, dict]:
             pass
         if key.startswith("opt."):
             if key[4:] not in OPT_KNOBS:
-                raise SystemExit(f"unknown optimiser knob {key!r}; known: {sorted(OPT_KNOBS)}")
+                raise ValueError(f"unknown optimiser knob {key!r} in {spec!r}; known: {sorted(OPT_KNOBS)}")
             knobs[key[4:]] = value
         else:
             settings[key] = value
+    _check_knobs(spec, knobs)
     return preset, settings, knobs
+
+
+def _check_knobs(spec: str, knobs: dict) -> None:
+    if knobs["clip"] not in ("joint", "separate"):
+        raise ValueError(f"opt.clip={knobs['clip']!r} in {spec!r}: joint or separate")
+    lr = knobs["memory_lr"]
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+        raise ValueError(f"opt.memory_lr={lr!r} in {spec!r}: a number above 0")
+    delay = knobs["memory_delay"]
+    if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
+        raise ValueError(f"opt.memory_delay={delay!r} in {spec!r}: a whole number of updates, at least 0")
 
 
 def make_model(spec: str, a: argparse.Namespace, seed: int) -> tuple[torch.nn.Module, dict]:
@@ -447,6 +468,29 @@ def merge_results(paths: list[str]) -> list[dict]:
     return results
 
 
+def check_arguments(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Mistakes in the options: one line, exit 2, before any download or training."""
+    a.seed_list = arguments.int_list(p, "--seeds", a.seeds, 0)
+    a.variant_list = arguments.variants(p, a.variants, parse_variant)
+    arguments.at_least(p, a, 1, "steps", "streams", "segment", "layers", "width", "heads", "num_wm", "eval_segments",
+                       "eval_batch", "threads")  # fmt: skip
+    arguments.at_least(p, a, 0, "eval_windows", "trace_blocks", "weight_decay", "grad_clip")
+    if not a.lr > 0:
+        p.error(f"--lr {a.lr}: must be above 0")
+    if a.width % a.heads:
+        p.error(f"--width {a.width} is not a multiple of --heads {a.heads}")
+    for flag, names in (("--train", a.train), ("--heldout", a.heldout)):
+        for name in names.split(","):
+            if not (name.startswith("sotu:") or name == "moby_dick" or name in CANTERBURY or Path(name).is_file()):
+                p.error(f"{flag}: no such text {name!r}: give a file, sotu:FIRST-LAST, moby_dick or one of "
+                        f"{sorted(CANTERBURY)}")  # fmt: skip
+    try:
+        ResetPolicy.parse(a.reset)
+    except ValueError as e:
+        p.error(f"--reset {a.reset!r}: {e}")
+    arguments.output_file(p, "--json", a.json)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", default="transformer,xl,memoria,memoria_full_width")
@@ -480,8 +524,10 @@ def main() -> None:
                    help="print the summary of earlier runs' --json files together (e.g. seeds run side by side), train nothing")
     a = p.parse_args()
     if a.merge:
+        arguments.result_files(p, "--merge", a.merge)
         print(summary(merge_results(a.merge)))
         return
+    check_arguments(p, a)
     torch.set_num_threads(a.threads)
 
     tok = gpt2_tokenizer_offline()
@@ -502,8 +548,8 @@ def main() -> None:
 
     buckets = position_buckets(a.eval_segments)
     results = []
-    for spec in a.variants.split(","):
-        for seed in [int(s) for s in a.seeds.split(",")]:
+    for spec in a.variant_list:
+        for seed in a.seed_list:
             t0 = time.perf_counter()
             model, losses, (norms, residual, block_trace) = train(spec, seed, a, corpus)
             train_s = time.perf_counter() - t0

@@ -53,6 +53,7 @@ from memoria_ds.eval.sorting import evaluate_sorting
 from memoria_ds.model import PRESETS, build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import arguments  # noqa: E402
 from real_text import curve, optimiser, parse_variant, update, watch_residual  # noqa: E402  (the same optimiser and variant syntax)
 
 CHANCE = statistics.fmean(1.0 / (NUM_SYMBOLS - k) for k in range(NUM_SYMBOLS))
@@ -143,6 +144,30 @@ def report(r: dict) -> None:
           flush=True)  # fmt: skip
 
 
+def check_arguments(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Mistakes in the options: one line, exit 2, before any data is generated."""
+    a.segment_list = arguments.int_list(p, "--segments", a.segments, 1)
+    a.seed_list = arguments.int_list(p, "--seeds", a.seeds, 0)
+    a.variant_list = arguments.variants(p, a.variants, parse_variant)
+    arguments.at_least(p, a, 1, "segment", "train_examples", "test_examples", "epochs", "batch", "layers", "width",
+                       "heads", "threads", "jobs")  # fmt: skip
+    arguments.at_least(p, a, 0, "data_seed", "weight_decay", "grad_clip")
+    if not a.lr > 0:
+        p.error(f"--lr {a.lr}: must be above 0")
+    if not (0 < a.memory_width <= 1):
+        p.error(f"--memory-width {a.memory_width}: a fraction of --width in (0, 1]")
+    if not (0 <= a.dropout < 1):
+        p.error(f"--dropout {a.dropout}: in [0, 1)")
+    if a.width % a.heads:
+        p.error(f"--width {a.width} is not a multiple of --heads {a.heads}")
+    for k in a.segment_list:
+        try:
+            input_length_for(k, a.segment)
+        except ValueError as e:
+            p.error(f"--segments {k}: {e}")
+    arguments.output_file(p, "--json", a.json)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", default="transformer,xl,memoria_wm,memoria_wm_stm,memoria")
@@ -171,16 +196,17 @@ def main() -> None:
     p.add_argument("--table", nargs="+", default=None, metavar="JSON", help="only print the table of earlier --json files")
     a = p.parse_args()
     if a.table:
-        print_table([r for f in a.table for r in json.loads(Path(f).read_text())["results"]])
+        print_table([r for data in arguments.result_files(p, "--table", a.table) for r in data["results"]])
         return
+    check_arguments(p, a)
     runs = []
-    for k in [int(s) for s in a.segments.split(",")]:
+    for k in a.segment_list:
         length = input_length_for(k, a.segment)
         generate_sorting(a.train_examples, length, seed=a.data_seed, split="train")  # cached for the workers
         seen = oracle(generate_sorting(a.test_examples, length, seed=a.data_seed, split="test"), a.segment)
         print(f"{k} segments of {a.segment} ({length} input symbols): chance {CHANCE:.1%}; exact counting over the "
               f"last 1..{k} segments: " + " ".join(f"{x:.1%}" for x in seen), flush=True)  # fmt: skip
-        runs += [(k, spec, int(seed), seen) for spec in a.variants.split(",") for seed in a.seeds.split(",")]
+        runs += [(k, spec, seed, seen) for spec in a.variant_list for seed in a.seed_list]
     if a.oracle:
         return
     results = []

@@ -1,0 +1,41 @@
+"""The benchmark scripts refuse bad options before any work: argparse's usage, one line, exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.train.launch_util import ROOT
+
+CASES = [
+    ("sorting.py", ["--variants", "memoria,foo"], "--variants: unknown preset 'foo'"),
+    ("sorting.py", ["--variants", "memoria+opt.memory_lr=0"], "opt.memory_lr=0 in 'memoria+opt.memory_lr=0': a number above 0"),
+    ("sorting.py", ["--variants", "memoria+memory_delay"], "'memory_delay' in 'memoria+memory_delay' is not key=value"),
+    ("sorting.py", ["--segments", "4,0"], "--segments '4,0': every value must be at least 1"),
+    ("sorting.py", ["--seeds", "0,x"], "--seeds '0,x': give comma-separated integers"),
+    ("sorting.py", ["--jobs", "0"], "--jobs 0: must be at least 1"),
+    ("sorting.py", ["--table", "{tmp}/missing.json"], "--table: cannot read {tmp}/missing.json"),
+    ("sorting.py", ["--table", "{tmp}/other.json"], "is not a benchmark's --json output"),
+    ("real_text.py", ["--seeds", "1,1"], "--seeds '1,1': a value is given twice"),
+    ("real_text.py", ["--train", "nosuch"], "--train: no such text 'nosuch'"),
+    ("real_text.py", ["--reset", "every:x"], "--reset 'every:x': unknown reset policy part"),
+    ("real_text.py", ["--json", "{tmp}/no/out.json"], "the folder {tmp}/no does not exist"),
+    ("real_text.py", ["--merge", "{tmp}/broken.json"], "--merge: {tmp}/broken.json is not JSON"),
+]
+
+
+@pytest.mark.parametrize("script,args,says", CASES, ids=[f"{c[0]}:{' '.join(c[1])}" for c in CASES])
+def test_a_bad_option_is_one_line_and_exit_2(tmp_path, script, args, says):
+    (tmp_path / "other.json").write_text('{"rows": []}')
+    (tmp_path / "broken.json").write_text('{"results": [')
+    before = sorted(tmp_path.iterdir())
+    args = [a.format(tmp=tmp_path) for a in args]
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith(f"{script}: error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert says.format(tmp=tmp_path) in errors[0], errors[0]
+    assert "Traceback" not in proc.stderr and proc.stdout == "", proc.stderr[-2000:]
+    assert sorted(tmp_path.iterdir()) == before
