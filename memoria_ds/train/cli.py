@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2"
     from .build import DataPreparationFailed
     from .health import DivergedState
     from .loop import NonFiniteLoss, run
+    from .preemption import EXIT_STOPPED, Stopped
 
     info = dist_utils.init_distributed(use_deepspeed=cfg.engine == "deepspeed")
     code = 0
@@ -81,6 +82,10 @@ def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2"
         summary = run(cfg, info)
         if info.is_main:
             print(describe_summary(summary), flush=True)
+    except Stopped as e:  # SIGTERM / SIGUSR1: the step's checkpoint is written; resume to continue
+        if info.is_main:
+            print(str(e), file=sys.stderr, flush=True)
+        code = EXIT_STOPPED
     except ConfigError as e:  # found before training started: a mistake in the configuration
         print(f"error (rank {info.rank}): {e}", file=sys.stderr, flush=True)
         code = 2

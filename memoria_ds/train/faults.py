@@ -9,6 +9,8 @@ Set `MEMORIA_DS_FAULT=<kind>:<step>` in the environment of a run:
     disk_full_during_save:N   writing checkpoint N fails as on a full disk (ENOSPC) after
                          the engine state was written
     disk_full_in_data_prep:0  rank 0's data preparation fails as on a full disk (ENOSPC)
+    sigterm_after_step:N rank 0 sends itself SIGTERM right after optimiser step N (as a
+                         cluster preempting the job would; preemption.py)
 
 Nothing happens when the variable is unset. The hooks exist so the atomic-save guarantee,
 resume-after-kill and the NaN policies are tested with the real launcher, not described.
@@ -17,6 +19,7 @@ resume-after-kill and the NaN policies are tested with the real launcher, not de
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 EXIT_CODE = 17
@@ -29,3 +32,8 @@ def active(kind: str, step: int) -> bool:
 def kill(where: str) -> None:
     print(f"fault injection: killed {where}", file=sys.stderr, flush=True)
     os._exit(EXIT_CODE)
+
+
+def signal_self(where: str) -> None:
+    print(f"fault injection: SIGTERM {where}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)

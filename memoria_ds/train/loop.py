@@ -34,6 +34,7 @@ from .engine import guard_loss
 from .export import export_hf
 from .metrics import MetricsWriter
 from .parse import to_dict
+from .preemption import StopRequest, Stopped
 from .run import RunContext, RunState
 from .setup import setup
 
@@ -91,12 +92,35 @@ def train(ctx: RunContext, state: RunState) -> dict[str, Any]:
                            resumed_at=state.step if ctx.resumed is not None else None,
                            wandb=({"project": cfg.log.wandb_project, "mode": cfg.log.wandb_mode,
                                    "config": to_dict(cfg)} if cfg.log.wandb else None))
-    policy = cfg.data.reset_policy
     window = _Window(ctx.device, track_first=cfg.optim.nan_policy == "stop")
+    state.engine.train()
+    stop = StopRequest.install()  # SIGTERM / SIGUSR1: finish the step, checkpoint it, stop (preemption.py)
+    try:
+        last_loss = _steps(ctx, state, writer, window, stop)
+    finally:
+        stop.uninstall()
+    _stop_if_nonfinite(ctx, window)
+    results = evaluate(ctx, state, writer, ctx.total_steps) if cfg.eval.at_end else []
+    export_dir = None
+    if cfg.checkpoint.export:
+        export_dir = export_hf(ctx.cfg, state.engine, state.model, vocab_size=ctx.vocab_size,
+                               is_main=ctx.info.is_main, log=ctx.log, step=ctx.total_steps, results=results)
+    writer.close()
+    summary = {"steps": ctx.total_steps, "final_train_loss": last_loss,
+               "eval": [r.to_dict() for r in results], "export": str(export_dir) if export_dir else None,
+               "run_dir": str(ctx.run_dir)}
+    if info.is_main:
+        (ctx.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _steps(ctx: RunContext, state: RunState, writer: MetricsWriter, window: _Window, stop: StopRequest) -> float | None:
+    """The optimiser steps from `state.step` to the last; the last logged training loss."""
+    cfg, info = ctx.cfg, ctx.info
+    policy = cfg.data.reset_policy
     batches = iter(state.streams)
     step_stats: list = []  # the memory statistics of the step's micro-batches
     last_loss: float | None = None
-    state.engine.train()
     for step in range(state.step, ctx.total_steps):
         batch = next(batches, None)
         if batch is None:  # epoch finished: the streams move to the next one
@@ -134,29 +158,36 @@ def train(ctx: RunContext, state: RunState) -> dict[str, Any]:
             window.skipped_steps += not window.last_step_applied
         done = step + 1
         writer.advance()
-        if done % cfg.log.every == 0 or done == ctx.total_steps:
+        logged = done % cfg.log.every == 0 or done == ctx.total_steps
+        if logged:
             last_loss = _log_window(ctx, state, writer, done, window, step_stats)
         if cfg.eval.every and done % cfg.eval.every == 0 and done != ctx.total_steps:
             _stop_if_nonfinite(ctx, window)
             evaluate(ctx, state, writer, done)
-        if (cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or done == ctx.total_steps:
+        saved = bool(cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or done == ctx.total_steps
+        if saved:
             _stop_if_nonfinite(ctx, window)
             state.save(ctx, done)
         if faults.active("kill_after_step", done):
             faults.kill(f"after step {done}")
+        if faults.active("sigterm_after_step", done) and info.is_main:
+            faults.signal_self(f"after step {done}")
+        if done != ctx.total_steps and stop.agreed():
+            _stop_on_request(ctx, state, writer, done, window, step_stats, stop, saved=saved, logged=logged)
+    return last_loss
+
+
+def _stop_on_request(ctx: RunContext, state: RunState, writer: MetricsWriter, done: int, window: _Window,
+                     stats: list, stop: StopRequest, *, saved: bool, logged: bool) -> None:
+    """Every rank agreed to stop after step `done`: log, checkpoint (unless this step just did), raise `Stopped`."""
+    if not logged:
+        _log_window(ctx, state, writer, done, window, stats)
     _stop_if_nonfinite(ctx, window)
-    results = evaluate(ctx, state, writer, ctx.total_steps) if cfg.eval.at_end else []
-    export_dir = None
-    if cfg.checkpoint.export:
-        export_dir = export_hf(ctx.cfg, state.engine, state.model, vocab_size=ctx.vocab_size,
-                               is_main=ctx.info.is_main, log=ctx.log, step=ctx.total_steps, results=results)
+    if not saved:
+        state.save(ctx, done)
     writer.close()
-    summary = {"steps": ctx.total_steps, "final_train_loss": last_loss,
-               "eval": [r.to_dict() for r in results], "export": str(export_dir) if export_dir else None,
-               "run_dir": str(ctx.run_dir)}
-    if info.is_main:
-        (ctx.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    return summary
+    raise Stopped(f"stopped by {stop.name} after step {done} of {ctx.total_steps}; checkpoint "
+                  f"{ctx.run_dir / 'checkpoints'} holds it: resume with --resume auto (checkpoint.resume=auto)")
 
 
 def _already_done(ctx: RunContext) -> dict[str, Any]:
