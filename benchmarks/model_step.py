@@ -48,7 +48,9 @@ at most 1.5x the plain model at `--shape gpt2 --batch 2 --segment 64`). The most
 operations of each variant are printed beside the count. For a `+model_compile` variant,
 which dispatches no aten op per operation, it counts the kernels its compiled graphs call
 instead (inductor's fused kernels and the library calls, matmuls and attention, that
-they make: what the host launches; torch.profiler over the fourth step).
+they make: what the host launches; torch.profiler over the fourth step). The `compute` column
+leaves out the views (`view`, `transpose`, `expand`, `detach`, ...), which reshape a tensor on
+the host and launch no kernel: the eager count closest to a GPU's kernel launches.
 """
 
 from __future__ import annotations
@@ -194,9 +196,11 @@ def ops_of(name: str, a: argparse.Namespace) -> tuple[int, list[tuple[str, int]]
         def __init__(self) -> None:
             super().__init__()
             self.ops: Counter[str] = Counter()
+            self.compute = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             self.ops[func.overloadpacket.__name__] += 1
+            self.compute += not is_metadata_only(func)
             return func(*args, **(kwargs or {}))
 
     r = Runner(name, a)
@@ -204,7 +208,13 @@ def ops_of(name: str, a: argparse.Namespace) -> tuple[int, list[tuple[str, int]]
     r.step(timed=False)
     with Count() as counter:
         r.step(timed=False)
-    return sum(counter.ops.values()), counter.ops.most_common()
+    return sum(counter.ops.values()), counter.ops.most_common(), counter.compute
+
+
+def is_metadata_only(func) -> bool:
+    """A view (`view`, `transpose`, `expand`, `detach`, ...; its schema says it aliases its input) or
+    `_unsafe_view`: it changes a tensor's shape or strides on the host and launches no kernel."""
+    return bool(getattr(func, "is_view", False)) or func.overloadpacket.__name__ in ("_unsafe_view", "lift_fresh")
 
 
 def kernels_of(name: str, a: argparse.Namespace) -> tuple[int, list[tuple[str, int]]]:
@@ -231,7 +241,7 @@ def kernels_of(name: str, a: argparse.Namespace) -> tuple[int, list[tuple[str, i
         parent = e.cpu_parent
         if parent is not None and parent.name.startswith("## Call CompiledFxGraph"):
             kernels["inductor kernel" if e.name.startswith(("graph_", "triton_")) else e.name] += 1
-    return sum(kernels.values()), kernels.most_common()
+    return sum(kernels.values()), kernels.most_common(), sum(kernels.values())
 
 
 def sync() -> None:
@@ -296,14 +306,17 @@ def main() -> None:
     if a.ops:
         counts = {n: ops_of(n, a) for n in names}
         print(f"\naten ops of one forward + backward (+model_*: kernels called): shape={a.shape} batch={a.batch} "
-              f"segment={a.segment}")
+              f"segment={a.segment}; compute = without views (no kernel launched)")
+        print(f"{'variant':<20}{'ops':>8}{'ratio':>8}{'compute':>9}{'ratio':>8}   most frequent")
+        base_total, _, base_compute = counts[names[0]]
         for n in names:
-            total, common = counts[n]
+            total, common, compute = counts[n]
             top = ", ".join(f"{op} {c}" for op, c in common[:6])
-            print(f"{n:<20}{total:>8}{total / counts[names[0]][0]:>8.3f}   {top}")
+            print(f"{n:<20}{total:>8}{total / base_total:>8.3f}{compute:>9}{compute / base_compute:>8.3f}   {top}")
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"args": vars(a), "ops": {n: c[0] for n, c in counts.items()}}, f, indent=2)
+                json.dump({"args": vars(a), "ops": {n: c[0] for n, c in counts.items()},
+                           "compute_ops": {n: c[2] for n, c in counts.items()}}, f, indent=2)
         return
     if a.flops:
         a.attn = "eager"  # attention as matmuls, which the counter sees (SDPA kernels it may not)
