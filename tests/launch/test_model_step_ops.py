@@ -1,0 +1,46 @@
+"""benchmarks/model_step.py --ops: the `compute` column leaves out exactly the operations that launch no kernel."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _module():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("model_step_bench", ROOT / "benchmarks" / "model_step.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_views_are_metadata_and_kernels_are_not():
+    bench = _module()
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append((func.overloadpacket.__name__, bench.is_metadata_only(func)))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(2, 3, 4, requires_grad=True)
+    w = torch.randn(4, 5)
+    with Record():
+        y = x.transpose(0, 1).reshape(3, 8)  # transpose is a view; reshape of a transposed tensor copies
+        z = (x.view(6, 4) @ w).t().unsqueeze(0).detach()
+        z = torch.where(z > 0, z, 0.0).sum()
+    got = dict(seen)
+    for name in ("transpose", "view", "t", "unsqueeze", "detach", "_unsafe_view"):
+        assert got[name] is True, name
+    for name in ("clone", "mm", "gt", "where", "sum"):
+        assert got[name] is False, name
+    assert y.shape == (3, 8) and z.dim() == 0
