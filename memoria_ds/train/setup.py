@@ -53,9 +53,24 @@ def _streams(cfg: RunConfig, info: DistInfo, corpus: Any, num_streams: int) -> T
         return ExampleStreams(corpus, batch_size=num_streams, segment_length=cfg.data.segment_length,
                               rank=info.rank, world_size=info.world_size, shuffle=True, seed=cfg.seed,
                               drop_last=True)
-    return TokenStreams(corpus, num_streams=num_streams, segment_length=cfg.data.segment_length, rank=info.rank,
-                        world_size=info.world_size, tail=cfg.data.tail,
-                        shuffle_documents=cfg.data.shuffle_documents, seed=cfg.seed)
+    try:
+        return TokenStreams(corpus, num_streams=num_streams, segment_length=cfg.data.segment_length, rank=info.rank,
+                            world_size=info.world_size, tail=cfg.data.tail,
+                            shuffle_documents=cfg.data.shuffle_documents, seed=cfg.seed)
+    except ValueError as e:  # too little text for the streams: bad input, said in the config's terms
+        raise ConfigError(f"the training split is too small for this run ({e}); the settings: data.tail, "
+                          f"data.segment_length, optim.micro_batch_size x optim.grad_accum x ranks = "
+                          f"{num_streams} streams") from None
+
+
+def _check_eval_split(cfg: RunConfig, info: DistInfo, corpus: Any) -> None:
+    """The evaluated split can fill its protocols' streams (else the run would fail after training)."""
+    full = cfg.eval.num_streams or info.world_size
+    needed = max(full if name == "full" else 1 for name in cfg.eval.protocols)
+    if corpus.num_tokens < needed:
+        raise ConfigError(f"eval.split {cfg.eval.split!r} has {corpus.num_tokens} tokens, too few for the evaluation's "
+                          f"{needed} stream(s): give that split more text, or turn evaluation off "
+                          f"(eval.at_end=false, eval.every=0)")
 
 
 def _engine(cfg: RunConfig, info: DistInfo, model, ds_config: dict | None, precision: str,
@@ -133,6 +148,8 @@ def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
     corpora = load_corpora(cfg.data, splits, info.rank)
     num_streams = cfg.optim.micro_batch_size * cfg.optim.grad_accum * info.world_size
     streams = _streams(cfg, info, corpora["train"], num_streams)
+    if len(splits) > 1 and cfg.data.corpus != "sorting":
+        _check_eval_split(cfg, info, corpora[cfg.eval.split])
     vocab_size = VOCAB_SIZE if cfg.data.corpus == "sorting" else corpora["train"].metadata.get("vocab_size")
     total_steps = cfg.optim.max_steps or cfg.optim.epochs * streams.steps_per_epoch
     # optimizer updates (the learning-rate schedule's length): steps whose segment holds targets
