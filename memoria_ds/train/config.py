@@ -130,6 +130,10 @@ class LoraSection(Section):
     def check(self):
         if self.r < 1:
             raise ValueError(f"`lora.r` ({self.r}) must be at least 1")
+        if self.alpha <= 0:
+            raise ValueError(f"`lora.alpha` ({self.alpha}) must be above 0 (the adapter's scale is alpha / r)")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"`lora.dropout` ({self.dropout}) must be in [0, 1)")
         return self
 
 
@@ -190,6 +194,8 @@ class DataSection(Section):
             raise ValueError(f"unknown `data.sorting` setting(s) {sorted(set(self.sorting) - known)}; known: {sorted(known)}")
         if self.segment_length < 2:
             raise ValueError(f"`data.segment_length` ({self.segment_length}) must be at least 2")
+        if self.num_proc is not None and self.num_proc < 1:
+            raise ValueError(f"`data.num_proc` ({self.num_proc}) must be at least 1, or null (one process)")
         ResetPolicy.parse(self.reset)  # fails early with the list of valid forms
         if self.corpus == "files" and not self.files:
             raise ValueError("`data.corpus: files` needs `data.files`, e.g. {train: [a.txt], validation: [b.txt]}")

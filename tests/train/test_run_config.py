@@ -51,6 +51,9 @@ from memoria_ds.train.parse import ConfigError, load
          r"`model.compile` already compiles the memory engine .* remove `model.settings.memory_compile`"),
         (["model.from_scratch=true", "model.preset=xl", "data.segment_length=200", "model.settings={n_positions: 256}"],
          r"exceeds the model's positions \(`model.settings.n_positions` = 256\) \(`xl` alternates between two banks"),
+        (["lora.enabled=true", "lora.alpha=0"], r"`lora.alpha` \(0\) must be above 0"),
+        (["lora.enabled=true", "lora.dropout=1.5"], r"`lora.dropout` \(1.5\) must be in \[0, 1\)"),
+        (["data.num_proc=0"], r"`data.num_proc` \(0\) must be at least 1, or null"),
     ],
 )
 def test_mistakes_are_caught_when_the_config_loads(overrides, message):
