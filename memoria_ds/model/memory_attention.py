@@ -9,6 +9,14 @@ query tokens is returned per block, and the model averages it over blocks.
 Notation: B rows, L query tokens, N = N_wm engrams, R reminded slots (M_rem, padded),
 D model width, H heads, E = H * hd the attention's inner width.
 
+Few, large operations (issue 16): the keys and values of all N + R engrams come from one
+projection, and each use attends over all of them with a mask that leaves only its own
+engrams (a masked key's probability is exactly 0, so each use computes what an attention
+over its own engrams alone computes); no slices of the keys and values, so no per-slice
+backward. The masks and gates are built once per forward (`MemoryInputs`), not per block.
+With SDPA the M_rem probabilities are recomputed without gradient for the contribution
+(the attention itself runs fused, forward and backward).
+
 Rows without memory (the first segment after a reset) and rows with no reminded engram
 are gated out with `torch.where`, which gives an exact zero (never 0 * garbage): such a
 row computes exactly what the plain backbone computes. Shapes never depend on the data,
@@ -17,7 +25,7 @@ so the same modules run in every step (ZeRO-3's module trace and CUDA graphs sta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +42,10 @@ class MemoryInputs:
         reminded_active: (B,) bool, rows with at least one reminded engram.
         query_mask: (B, L) bool, query tokens that count in the contribution mean
             (None: all of them).
-        use_sdpa: run the WM use through `F.scaled_dot_product_attention`.
+        use_sdpa: run the attentions through `F.scaled_dot_product_attention`.
+        num_wm: N; given (with `dtype`, the engrams' dtype), the masks are built here once
+            for all blocks, else by each block.
+        masks: the per-forward `EngramMasks` (derived).
     """
 
     wm_active: Tensor
@@ -42,6 +53,53 @@ class MemoryInputs:
     reminded_active: Tensor
     query_mask: Tensor | None
     use_sdpa: bool
+    num_wm: int | None = None
+    dtype: torch.dtype | None = None
+    masks: EngramMasks | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.num_wm is not None:
+            self.masks = EngramMasks.build(self, self.num_wm, self.dtype or torch.float32)
+
+    def masks_for(self, num_wm: int, dtype: torch.dtype) -> EngramMasks:
+        if self.masks is not None and self.masks.num_wm == num_wm and self.masks.dtype == dtype:
+            return self.masks
+        return EngramMasks.build(self, num_wm, dtype)
+
+
+@dataclass
+class EngramMasks:
+    """Additive key masks over the N + R engrams, and the row gates, of one forward.
+
+    Attributes:
+        num_wm, dtype: what they were built for.
+        wm_keys: (1, 1, 1, N + R) 0 on the WM engrams, -inf on the reminded ones; None if R = 0.
+        rem_keys: (B, 1, 1, N + R) -inf on the WM engrams and on padded reminded slots (a
+            row with no reminded engram gets all of its R slots: finite, gated out).
+        wm_gate, rem_gate, any_gate: (B, 1, 1) bool rows whose use counts.
+    """
+
+    num_wm: int
+    dtype: torch.dtype
+    wm_keys: Tensor | None
+    rem_keys: Tensor | None
+    wm_gate: Tensor
+    rem_gate: Tensor
+    any_gate: Tensor
+
+    @classmethod
+    def build(cls, mem: MemoryInputs, num_wm: int, dtype: torch.dtype) -> EngramMasks:
+        B, R = mem.reminded_mask.shape
+        device = mem.reminded_mask.device
+        wm_keys = rem_keys = None
+        if R:
+            blocked = torch.full((), float("-inf"), dtype=dtype, device=device)
+            wm_keys = torch.cat([torch.zeros(num_wm, dtype=dtype, device=device), blocked.expand(R)])[None, None, None]
+            allowed = mem.reminded_mask | ~mem.reminded_active[:, None]  # (B, R)
+            rem_keys = torch.cat([blocked.expand(B, num_wm), torch.where(allowed, 0.0, blocked)], dim=1)
+            rem_keys = rem_keys[:, None, None, :]
+        wm_gate, rem_gate = mem.wm_active[:, None, None], mem.reminded_active[:, None, None]
+        return cls(num_wm, dtype, wm_keys, rem_keys, wm_gate, rem_gate, wm_gate | rem_gate)
 
 
 class OutputProjection(nn.Linear):
@@ -96,34 +154,36 @@ class MemoryAttention(nn.Module):
         B, _, T, _ = a.shape
         return a.transpose(1, 2).reshape(B, T, self.inner_dim)  # (B, T, E)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, use_sdpa: bool) -> Tensor:
-        """All keys valid (the N working-memory engrams always exist)."""
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, keys: Tensor | None, use_sdpa: bool) -> tuple[Tensor, Tensor | None]:
+        """Attention over the N + R engrams with the additive mask `keys` (None: all).
+
+        Returns the output (B, H, L, hd) and, without SDPA, the fp32 probabilities before
+        dropout (B, H, L, N + R); with SDPA, None."""
         p_drop = self.attn_dropout if self.training else 0.0
         if use_sdpa:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p_drop, scale=self.scale)
-        probs = (torch.matmul(q, k.transpose(-1, -2)) * self.scale).float().softmax(dim=-1).to(v.dtype)
-        return torch.matmul(F.dropout(probs, p_drop, self.training), v)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keys, dropout_p=p_drop, scale=self.scale), None
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale
+        if keys is not None:
+            scores = scores + keys
+        probs = scores.float().softmax(dim=-1)
+        return torch.matmul(F.dropout(probs.to(v.dtype), p_drop, self.training), v), probs
 
-    def _attend_reminded(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
-        """Attention over M_rem that also returns its fp32 probabilities (before dropout).
-
-        `allowed`: (B, R) bool. Rows with no allowed key are given all keys (finite output,
-        gated out by the caller) so that softmax never sees an all -inf row.
-        """
-        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale  # (B, H, L, R)
-        scores = scores.masked_fill(~allowed[:, None, None, :], float("-inf"))
-        probs = scores.float().softmax(dim=-1)  # (B, H, L, R)
-        p_drop = self.attn_dropout if self.training else 0.0
-        out = torch.matmul(F.dropout(probs.to(v.dtype), p_drop, self.training), v)  # (B, H, L, hd)
-        return out, probs
+    def _reminded_probs(self, q: Tensor, k: Tensor, masks: EngramMasks, probs: Tensor | None) -> Tensor:
+        """(B, H, L, R) fp32 probabilities of the M_rem use before dropout, without gradient."""
+        N = masks.num_wm
+        if probs is not None:
+            return probs[..., N:].detach()
+        with torch.no_grad():  # SDPA ran the attention; its probabilities are recomputed here
+            scores = torch.matmul(q, k[:, :, N:].transpose(-1, -2)) * self.scale + masks.rem_keys[..., N:]
+            return scores.float().softmax(dim=-1)
 
     @staticmethod
     def _contribution(probs: Tensor, query_mask: Tensor | None) -> Tensor:
         """(B, H, L, R) probabilities -> (B, R) mean over heads and (real) query tokens."""
-        per_query = probs.detach().mean(dim=1)  # (B, L, R)
         if query_mask is None:
-            return per_query.mean(dim=1)
-        m = query_mask.to(per_query.dtype)  # (B, L)
+            return probs.mean(dim=(1, 2))
+        m = query_mask.to(probs.dtype)  # (B, L)
+        per_query = probs.mean(dim=1)  # (B, L, R)
         return (per_query * m[:, :, None]).sum(dim=1) / m.sum(dim=1, keepdim=True).clamp(min=1.0)
 
     # ------------------------------------------------------------------ forward
@@ -141,36 +201,32 @@ class MemoryAttention(nn.Module):
             reminded engram (None when R = 0).
         """
         R = mem.reminded_mask.shape[1]
-        N = engrams.shape[1] - R
-        k, v = self.kv_proj(engrams).split(self.inner_dim, dim=-1)  # (B, N + R, E) each
+        masks = mem.masks_for(engrams.shape[1] - R, engrams.dtype)
+        k, v = self.kv_proj(engrams).split(self.inner_dim, dim=-1)  # (B, N + R, E) each: one projection
         k, v = self._heads(k), self._heads(v)  # (B, H, N + R, hd)
-        k_wm, v_wm, k_rem, v_rem = k[:, :, :N], v[:, :, :N], k[:, :, N:], v[:, :, N:]
-        wm_on = mem.wm_active[:, None, None]  # (B, 1, 1)
-        rem_on = mem.reminded_active[:, None, None]
-        allowed = mem.reminded_mask | ~mem.reminded_active[:, None]  # (B, R)
         weights = None
 
         if self.mode == "sequential":
             q = self._heads(self.q_proj(self.ln_wm(hidden)))  # (B, H, L, hd)
-            out = self.resid_dropout(self.out_proj(self._merge(self._attend(q, k_wm, v_wm, mem.use_sdpa))))
-            hidden = hidden + torch.where(wm_on, out, 0.0)
+            a, _ = self._attend(q, k, v, masks.wm_keys, mem.use_sdpa)
+            hidden = hidden + torch.where(masks.wm_gate, self.resid_dropout(self.out_proj(self._merge(a))), 0.0)
             if R:
                 q = self._heads(self.q_proj(self.ln_rem(hidden)))
-                a, probs = self._attend_reminded(q, k_rem, v_rem, allowed)
-                out = self.resid_dropout(self.out_proj(self._merge(a)))
-                hidden = hidden + torch.where(rem_on, out, 0.0)
-                weights = self._contribution(probs, mem.query_mask)
+                a, probs = self._attend(q, k, v, masks.rem_keys, mem.use_sdpa)
+                hidden = hidden + torch.where(masks.rem_gate, self.resid_dropout(self.out_proj(self._merge(a))), 0.0)
+                weights = self._contribution(self._reminded_probs(q, k, masks, probs), mem.query_mask)
             return hidden, weights
 
         # parallel: one query, two softmaxes, one output projection
         q = self._heads(self.q_proj(self.ln(hidden)))
-        a = torch.where(wm_on[:, :, :, None], self._attend(q, k_wm, v_wm, mem.use_sdpa), 0.0)  # (B, H, L, hd)
+        a_wm, _ = self._attend(q, k, v, masks.wm_keys, mem.use_sdpa)
+        a = torch.where(masks.wm_gate[..., None], a_wm, 0.0)  # (B, H, L, hd)
         if R:
-            a_rem, probs = self._attend_reminded(q, k_rem, v_rem, allowed)
-            a = a + torch.where(rem_on[:, :, :, None], a_rem, 0.0)
-            weights = self._contribution(probs, mem.query_mask)
+            a_rem, probs = self._attend(q, k, v, masks.rem_keys, mem.use_sdpa)
+            a = a + torch.where(masks.rem_gate[..., None], a_rem, 0.0)
+            weights = self._contribution(self._reminded_probs(q, k, masks, probs), mem.query_mask)
         out = self.resid_dropout(self.out_proj(self._merge(a)))
-        return hidden + torch.where(wm_on | rem_on, out, 0.0), weights
+        return hidden + torch.where(masks.any_gate, out, 0.0), weights
 
 
-__all__ = ["MemoryAttention", "MemoryInputs", "OutputProjection"]
+__all__ = ["MemoryAttention", "MemoryInputs", "EngramMasks", "OutputProjection"]

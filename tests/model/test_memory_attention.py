@@ -102,6 +102,66 @@ def test_matches_the_slow_reference(mode, use_sdpa):
     torch.testing.assert_close(out[2], hidden[2], rtol=0, atol=0)  # gated row: exactly unchanged
 
 
+def _reference_autograd(m, hidden, engrams, mem):
+    """Differentiable and slow: per row, each use attends over only its own (allowed) engrams."""
+    hd = D // H
+
+    def attend(x, keys):
+        q = m.q_proj(x).view(-1, H, hd).transpose(0, 1)  # (H, L, hd)
+        k, v = m.kv_proj(keys).split(D, dim=-1)
+        k, v = k.view(-1, H, hd).transpose(0, 1), v.view(-1, H, hd).transpose(0, 1)
+        probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), dim=-1)
+        return (probs @ v).transpose(0, 1).reshape(-1, D)
+
+    rows = []
+    for b in range(B):
+        h, wm, allowed = hidden[b], engrams[b, :N], mem.reminded_mask[b]
+        rem, rem_on, wm_on = engrams[b, N:][allowed], bool(allowed.any()), bool(mem.wm_active[b])
+        if m.mode == "sequential":
+            if wm_on:
+                h = h + m.out_proj(attend(m.ln_wm(h), wm))
+            if rem_on:
+                h = h + m.out_proj(attend(m.ln_rem(h), rem))
+        elif wm_on or rem_on:
+            x = m.ln(h)
+            a = (attend(x, wm) if wm_on else 0) + (attend(x, rem) if rem_on else 0)
+            h = h + m.out_proj(a)
+        rows.append(h)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("mode", ["sequential", "parallel"])
+@pytest.mark.parametrize("use_sdpa", [False, True])
+def test_gradients_match_the_per_row_reference(mode, use_sdpa):
+    """The masked attention over all N + R engrams differentiates as attentions over each use's own engrams."""
+    m = _module(mode).train()  # dropout 0: training mode changes nothing else
+    hidden, engrams, mem = _inputs()
+    mem.use_sdpa = use_sdpa
+    cotangent = torch.randn(B, L, D, generator=torch.Generator().manual_seed(5))
+    grads = []
+    for run in (lambda h, e: m(h, e, mem)[0], lambda h, e: _reference_autograd(m, h, e, mem)):
+        m.zero_grad()
+        h, e = hidden.clone().requires_grad_(), engrams.clone().requires_grad_()
+        (run(h, e) * cotangent).sum().backward()
+        grads.append([h.grad, e.grad[:, :N]] + [p.grad.clone() for p in m.parameters()])
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_masks_built_once_per_forward_equal_a_block_s_own():
+    hidden, engrams, mem = _inputs()
+    once = MemoryInputs(mem.wm_active, mem.reminded_mask, mem.reminded_active, mem.query_mask, False, num_wm=N,
+                        dtype=torch.float32)
+    assert once.masks is not None and once.masks_for(N, torch.float32) is once.masks
+    m = _module("sequential")
+    with torch.no_grad():
+        a, wa = m(hidden, engrams, once)
+        b, wb = m(hidden, engrams, mem)  # built by the block
+    assert torch.equal(a, b) and torch.equal(wa, wb)
+    assert once.masks.rem_keys[2].isneginf().sum() == N  # a row with no reminded engram: all R slots, no WM
+    assert (once.masks.wm_keys[..., N:] == float("-inf")).all() and (once.masks.wm_keys[..., :N] == 0).all()
+
+
 def test_contribution_is_taken_before_dropout():
     # parallel mode: the M_rem query does not pass through the (dropped-out) WM use first
     m = MemoryAttention(D, H, D, "parallel", eps=1e-5, attn_dropout=0.5, resid_dropout=0.0)

@@ -119,7 +119,9 @@ class MemoriaRead(BatchRows, MemoryRead):
     slot_mask: ClassVar[None] = None
 
     def memory_inputs(self, query_mask: Tensor | None, use_sdpa: bool) -> MemoryInputs:
-        return MemoryInputs(self.wm_active, self.reminded_mask, self.reminded_active, query_mask, use_sdpa)
+        R = self.reminded_mask.shape[1]
+        return MemoryInputs(self.wm_active, self.reminded_mask, self.reminded_active, query_mask, use_sdpa,
+                            num_wm=self.engrams.shape[1] - R, dtype=self.engrams.dtype)
 
 
 class MemoriaKind(MemoryKind):
