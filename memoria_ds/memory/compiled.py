@@ -57,7 +57,13 @@ class MemoryEngine:
     def compiled(self) -> bool:
         return self.mode is not None and self.fell_back is None
 
-    def _run(self, fn: Callable, *args):
+    def _run(self, fn: Callable, state: MemoryState, *args):
+        # the memory is fp32 by design: under a caller's autocast (engine=torch in bf16) its
+        # matmuls would run in bf16, and the score ranking reads float32 bits
+        with torch.autocast(state.device.type, enabled=False):
+            return self._call(fn, state, *args)
+
+    def _call(self, fn: Callable, *args):
         if not self.compiled:
             return fn(*args)
         try:

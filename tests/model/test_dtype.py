@@ -23,6 +23,28 @@ def test_bf16_backbone_fp32_memory(make_model, preset):
     assert grads and all(g.dtype == torch.bfloat16 and torch.isfinite(g).all() for g in grads)
 
 
+@pytest.mark.parametrize("preset", ["memoria", "memoria_fast"])
+def test_bf16_autocast_keeps_the_memory_step_in_fp32(make_model, preset):
+    """engine=torch trains in bf16 under autocast. The memory step must not follow it: its
+    scores in bf16 were read as float32 bits (a crash, or a wrong ranking), and its state is fp32."""
+    model = make_model(preset, memory_init="random").train()
+    memory = None
+    for x in segments(count=4):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x, labels=x, memory=memory)
+        out.loss.backward()
+        memory = out.memory
+        assert torch.isfinite(out.loss)
+    assert memory.state.vectors.dtype == torch.float32 and int(out.memory_stats.reminded_stm.min()) > 0
+    # the same remind under autocast and without it: the same engrams, bit for bit
+    kind, state, settings = model.memory_kind, memory.state, model.memory_kind.settings
+    wm = torch.randn(state.batch_size, settings.num_wm, state.dim, generator=torch.Generator().manual_seed(0))
+    plain = kind.engine.remind(state.clone(), wm, settings)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = kind.engine.remind(state.clone(), wm, settings)
+    assert torch.equal(plain.reminded_slots, cast.reminded_slots) and torch.equal(plain.reminded, cast.reminded)
+
+
 def test_bf16_memory_carries_over_to_fp32_model(make_model):
     """The memory is dtype-free: a bf16 run's memory continues in an fp32 copy of the model."""
     model = make_model("memoria", memory_init="random")

@@ -121,7 +121,7 @@ def _weights(run, step: int, engine: str = "deepspeed") -> dict:
 
 @pytest.mark.parametrize("ds,precision,engine", [
     ("cpu.json", "fp32", "deepspeed"), ("cpu.json", "bf16", "deepspeed"), ("cpu_zero3.json", "bf16", "deepspeed"),
-    ("cpu.json", "fp32", "torch"),
+    ("cpu.json", "fp32", "torch"), ("cpu.json", "bf16", "torch"),  # engine=torch in bf16: autocast
 ])
 def test_nan_skip_policy_skips_exactly_that_step(tmp_path, ds, precision, engine):
     """A NaN loss at step 2: that update is not applied (the weights saved at steps 1 and 2 are
