@@ -154,7 +154,8 @@ class MemoryAttention(nn.Module):
         B, _, T, _ = a.shape
         return a.transpose(1, 2).reshape(B, T, self.inner_dim)  # (B, T, E)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, keys: Tensor | None, use_sdpa: bool) -> tuple[Tensor, Tensor | None]:
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, keys: Tensor | None,
+                use_sdpa: bool) -> tuple[Tensor, Tensor | None]:
         """Attention over the N + R engrams with the additive mask `keys` (None: all).
 
         Returns the output (B, H, L, hd) and, without SDPA, the fp32 probabilities before
