@@ -1,10 +1,11 @@
 """Stop on request: SIGTERM or SIGUSR1 ends the run after the current step, with a checkpoint.
 
 A cluster that preempts a job, or a time limit that is near, sends SIGTERM (SLURM: `scancel`,
-preemption, and the end of `--time`; or `#SBATCH --signal=USR1@120` to be told two minutes
+preemption, and the end of `--time`; `#SBATCH --signal=TERM@180` to be told three minutes
 early), then SIGKILL after a grace period (SLURM's KillWait, 30 s by default; the `deepspeed`
-launcher forwards SIGTERM to its ranks and also kills them after 30 s). Without a handler the
-run loses everything since its last checkpoint. With it:
+launcher forwards SIGTERM to its ranks and also kills them after 30 s, and dies of SIGUSR1
+itself: docs/training.md). Without a handler the run loses everything since its last
+checkpoint. With it:
 
     stop = StopRequest.install()     # the loop's start, every rank
     ...one optimiser step...

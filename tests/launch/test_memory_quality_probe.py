@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import subprocess
@@ -11,19 +10,13 @@ import sys
 from pathlib import Path
 
 import torch
+from bench_util import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_probe():
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # it imports model_step's variant names
-    try:
-        spec = importlib.util.spec_from_file_location("memory_quality", ROOT / "benchmarks" / "memory_quality.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    return load_benchmark("memory_quality.py", "memory_quality")  # it imports model_step's variant names
 
 
 def args(**kw) -> argparse.Namespace:

@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _module():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("model_step_bench", ROOT / "benchmarks" / "model_step.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+from bench_util import load_benchmark
 
 
 def test_views_are_metadata_and_kernels_are_not():
-    bench = _module()
+    bench = load_benchmark("model_step.py", "model_step_bench")
     seen = []
 
     class Record(TorchDispatchMode):
