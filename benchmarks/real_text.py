@@ -169,12 +169,17 @@ def load_texts(names: list[str]) -> dict[str, list[str]]:
         if n == "moby_dick":
             out[n] = [(npm_package(n) / "data" / "data.txt").read_text(encoding="utf-8")]
             continue
-        path = canterbury(n) if n in CANTERBURY else Path(n)
-        if not path.exists():
+        if not known_text(n):
             raise SystemExit(f"no such text {n!r}: give a path, `sotu:FIRST-LAST`, `moby_dick` or one of "
                              f"{sorted(CANTERBURY)}")  # fmt: skip
+        path = canterbury(n) if n in CANTERBURY else Path(n)
         out[path.stem] = [path.read_text(encoding="utf-8", errors="replace")]
     return out
+
+
+def known_text(name: str) -> bool:
+    """Whether `load_texts` can read `name` (without downloading anything)."""
+    return name.startswith("sotu:") or name == "moby_dick" or name in CANTERBURY or Path(name).is_file()
 
 
 def parse_variant(spec: str) -> tuple[str, dict, dict]:
@@ -481,7 +486,7 @@ def check_arguments(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--width {a.width} is not a multiple of --heads {a.heads}")
     for flag, names in (("--train", a.train), ("--heldout", a.heldout)):
         for name in names.split(","):
-            if not (name.startswith("sotu:") or name == "moby_dick" or name in CANTERBURY or Path(name).is_file()):
+            if not known_text(name):
                 p.error(f"{flag}: no such text {name!r}: give a file, sotu:FIRST-LAST, moby_dick or one of "
                         f"{sorted(CANTERBURY)}")  # fmt: skip
     try:

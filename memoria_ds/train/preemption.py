@@ -64,11 +64,10 @@ class StopRequest:
         """Whether any rank was asked to stop (a collective when several ranks run)."""
         if self._group is None:
             return self.signal is not None
-        flag = torch.tensor([0 if self.signal is None else int(self.signal)], dtype=torch.int64)
+        flag = torch.tensor([self.signal or 0], dtype=torch.int64)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
-        if self.signal is None and int(flag[0]):
-            self.signal = int(flag[0])
-        return bool(flag[0])
+        self.signal = self.signal or int(flag.item()) or None  # a CPU tensor: no device sync
+        return self.signal is not None
 
     @property
     def name(self) -> str:

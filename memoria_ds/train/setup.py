@@ -19,7 +19,8 @@ import functools
 import json
 from typing import Any
 
-from ..data import VOCAB_SIZE, ExampleStreams, TokenStreams
+from ..data import VOCAB_SIZE, ExampleStreams, StreamLayout, TokenStreams
+from ..eval.protocols import protocol_from_name
 from . import distributed as dist_utils
 from .build import build_run_model, check_pretrained_settings, load_corpora, resolve_precision, unwrap
 from .checkpoints import (CheckpointError, CheckpointInfo, check_compatible, choose_checkpoint, seed_everything,
@@ -64,13 +65,16 @@ def _streams(cfg: RunConfig, info: DistInfo, corpus: Any, num_streams: int) -> T
 
 
 def _check_eval_split(cfg: RunConfig, info: DistInfo, corpus: Any) -> None:
-    """The evaluated split can fill its protocols' streams (else the run would fail after training)."""
-    full = cfg.eval.num_streams or info.world_size
-    needed = max(full if name == "full" else 1 for name in cfg.eval.protocols)
-    if corpus.num_tokens < needed:
-        raise ConfigError(f"eval.split {cfg.eval.split!r} has {corpus.num_tokens} tokens, too few for the evaluation's "
-                          f"{needed} stream(s): give that split more text, or turn evaluation off "
-                          f"(eval.at_end=false, eval.every=0)")
+    """The evaluated split can hold the streams of its protocols (else the run would fail after
+    training): the same protocols and stream layout the evaluation builds."""
+    for name in cfg.eval.protocols:
+        protocol = protocol_from_name(name, cfg.data.segment_length, cfg.eval.num_streams or info.world_size)
+        try:
+            StreamLayout(corpus.num_tokens, protocol.num_streams, protocol.segment_length, tail="pad")
+        except ValueError:
+            raise ConfigError(f"eval.split {cfg.eval.split!r} has {corpus.num_tokens} tokens, too few for the "
+                              f"evaluation's {protocol.num_streams} stream(s): give that split more text, or turn "
+                              f"evaluation off (eval.at_end=false, eval.every=0)") from None
 
 
 def _engine(cfg: RunConfig, info: DistInfo, model, ds_config: dict | None, precision: str,
