@@ -12,6 +12,10 @@ reset per `reset`. Two named protocols:
   previous segment through the memory); any number of streams; reset policy stated. Over
   N tokens it scores N - 1 tokens (only the split's very first token has no context),
   whatever the number of streams.
+- `memoryless`: `full` with the memory reset before every segment: the same model, the
+  same streams and the same scored tokens, without anything carried between segments.
+  Beside `full` it measures what the memory is worth (`memoria_ds.eval.gain`); for a model
+  without memory the two are equal.
 
 `custom` allows any combination, recorded as it is.
 """
@@ -23,7 +27,10 @@ from typing import Any, Literal
 
 from memoria_ds.data.reset import ResetPolicy
 
-ProtocolName = Literal["paper", "full", "custom"]
+ProtocolName = Literal["paper", "full", "memoryless", "custom"]
+
+
+_EVERY_SEGMENT = ResetPolicy(every_n_steps=1)
 
 
 @dataclass(frozen=True)
@@ -31,7 +38,7 @@ class EvalProtocol:
     """How a split is read and scored (recorded in every result).
 
     Args:
-        name: "paper", "full" or "custom".
+        name: "paper", "full", "memoryless" or "custom".
         segment_length: L (150 for WikiText-103 / PG-19 in the paper, 512 for enwik8).
         num_streams: B_global streams (a multiple of the world size, or 1).
         reset: when memory rows are reset.
@@ -50,8 +57,8 @@ class EvalProtocol:
     score_segment_first: bool = True
 
     def __post_init__(self) -> None:
-        if self.name not in ("paper", "full", "custom"):
-            raise ValueError(f"protocol name must be 'paper', 'full' or 'custom', got {self.name!r}")
+        if self.name not in ("paper", "full", "memoryless", "custom"):
+            raise ValueError(f"protocol name must be 'paper', 'full', 'memoryless' or 'custom', got {self.name!r}")
         if self.segment_length < 2:
             raise ValueError(f"`segment_length` must be >= 2, got {self.segment_length}")
         if self.num_streams < 1:
@@ -63,8 +70,12 @@ class EvalProtocol:
                 "the `paper` protocol is one stream, no resets, segment-first tokens not scored; "
                 "use name='custom' for other combinations"
             )
-        if self.name == "full" and not self.score_segment_first:
-            raise ValueError("the `full` protocol scores every token; use name='custom' to skip segment-first tokens")
+        if self.name in ("full", "memoryless") and not self.score_segment_first:
+            raise ValueError(f"the `{self.name}` protocol scores every token; use name='custom' to skip "
+                             "segment-first tokens")
+        if self.name == "memoryless" and self.reset != _EVERY_SEGMENT:
+            raise ValueError("the `memoryless` protocol resets the memory before every segment (`every:1`); "
+                             "use name='custom' for another policy")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,11 +101,22 @@ def full_protocol(
     return EvalProtocol("full", segment_length, num_streams, policy, score_segment_first=True)
 
 
+def memoryless_protocol(segment_length: int = 150, num_streams: int = 1) -> EvalProtocol:
+    """`full` with the memory reset before every segment: the model scored without its memory."""
+    return EvalProtocol("memoryless", segment_length, num_streams, _EVERY_SEGMENT, score_segment_first=True)
+
+
+PROTOCOL_NAMES = ("full", "paper", "memoryless")  # what a run configuration may name
+
+
 def protocol_from_name(name: str, segment_length: int = 150, num_streams: int = 1,
                        reset: ResetPolicy | str = "never") -> EvalProtocol:
-    """`paper` or `full` by name (the CLI's spelling); `num_streams` / `reset` apply to `full`."""
+    """A protocol by name (the CLI's spelling); `num_streams` applies to `full` and `memoryless`,
+    `reset` to `full` (the `paper` protocol is one stream; `memoryless` resets every segment)."""
     if name == "paper":
         return paper_protocol(segment_length)
     if name == "full":
         return full_protocol(segment_length, num_streams, reset)
-    raise ValueError(f"unknown protocol {name!r}; use 'paper' or 'full' (or build an EvalProtocol)")
+    if name == "memoryless":
+        return memoryless_protocol(segment_length, num_streams)
+    raise ValueError(f"unknown protocol {name!r}; use one of {', '.join(PROTOCOL_NAMES)} (or build an EvalProtocol)")

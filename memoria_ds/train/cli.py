@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..eval.gain import memory_gain
 from .checkpoints import CheckpointError
 from .config import RunConfig
 from .run_lock import RunDirInUse, RunDirUnusable
@@ -54,6 +55,9 @@ def describe_summary(summary: dict) -> str:
         metric = f"accuracy {r['accuracy']:.4f}" if r.get("accuracy") is not None else (
             f"bpc {r['bpc']:.4f}" if r.get("bpc") is not None else f"ppl {r['ppl']:.3f}")
         lines.append(f"eval [{p['name']}] {r['split']}: {metric} over {r['scored_tokens']} scored tokens")
+    gain = memory_gain(summary["eval"])
+    if gain is not None:
+        lines.append(gain.describe())
     lines.append(f"run directory: {summary['run_dir']} (summary.json, metrics.jsonl, eval/, checkpoints/)")
     if summary.get("export"):
         lines.append(f"Hugging Face export: {summary['export']}")

@@ -22,6 +22,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from ..data.corpora import CORPORA
 from ..data.reset import ResetPolicy
 from ..data.sorting import NUM_SYMBOLS
+from ..eval.protocols import PROTOCOL_NAMES
 from ..memory import COMPILE_MODES, MemoriaConfig
 from ..model.config import MemoriaGPT2Config, position_banks, resolve_preset
 
@@ -377,8 +378,10 @@ class EvalSection(Section):
     Args:
         every: evaluate every N optimiser steps; 0: only at the end.
         split: the split to evaluate.
-        protocols: `full` (every token, `num_streams` streams) and/or `paper` (one stream,
-            149 of 150 tokens scored, no resets: the authors' protocol).
+        protocols: any of `full` (every token, `num_streams` streams), `paper` (one stream,
+            149 of 150 tokens scored, no resets: the authors' protocol) and `memoryless`
+            (`full` with the memory reset before every segment; beside `full`, the run also
+            reports the memory gain: what the memory is worth to this model).
         num_streams: streams of the `full` protocol (a multiple of the world size); 0:
             one per rank.
         reset: reset policy of the `full` protocol.
@@ -400,12 +403,14 @@ class EvalSection(Section):
 
     @model_validator(mode="after")
     def check(self):
-        bad = [p for p in self.protocols if p not in ("full", "paper")]
+        bad = [p for p in self.protocols if p not in PROTOCOL_NAMES]
         if bad:
-            raise ValueError(f"unknown eval protocol(s) {bad}; use `full` and/or `paper`")
+            raise ValueError(f"unknown eval protocol(s) {bad}; use any of `full`, `paper`, `memoryless`")
+        if len(set(self.protocols)) < len(self.protocols):
+            raise ValueError(f"`eval.protocols` {self.protocols} names a protocol twice")
         if not self.protocols and (self.at_end or self.every):
-            raise ValueError("`eval.protocols` is empty: name `full` and/or `paper`, or set `eval.at_end=false` "
-                             "(and `eval.every=0`) to train without evaluating")
+            raise ValueError("`eval.protocols` is empty: name `full`, `paper` and/or `memoryless`, or set "
+                             "`eval.at_end=false` (and `eval.every=0`) to train without evaluating")
         ResetPolicy.parse(self.reset)
         if self.every < 0 or self.num_streams < 0:
             raise ValueError(f"`eval.every` ({self.every}) and `eval.num_streams` ({self.num_streams}) must be >= 0 "

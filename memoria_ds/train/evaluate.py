@@ -114,6 +114,7 @@ def run(cfg: RunConfig, source: str, out: Path, info, memory: Path | None = None
     import torch
 
     from ..eval.configured import describe, evaluate_split
+    from ..eval.gain import memory_gain
     from .build import load_corpora
 
     corpus = load_corpora(cfg.data, (cfg.eval.split,), info.rank)[cfg.eval.split]
@@ -147,6 +148,9 @@ def run(cfg: RunConfig, source: str, out: Path, info, memory: Path | None = None
         for r in results:
             line, _ = describe(r)
             print(f"eval {cfg.eval.split} {line}", flush=True)
+        gain = memory_gain(results)
+        if gain is not None:
+            print(gain.describe(), flush=True)
         print(f"results: {out} ({', '.join(sorted(p.name for p in out.glob(f'{cfg.eval.split}_*.json')))})",
               flush=True)
     return results

@@ -24,6 +24,7 @@ import torch
 
 from ..eval import EvalResult
 from ..eval.configured import describe, evaluate_split
+from ..eval.gain import memory_gain
 from ..data.segments import forward_segment
 from ..memory import graph_stats
 from . import distributed as dist_utils
@@ -106,9 +107,10 @@ def train(ctx: RunContext, state: RunState) -> dict[str, Any]:
         export_dir = export_hf(ctx.cfg, state.engine, state.model, vocab_size=ctx.vocab_size,
                                is_main=ctx.info.is_main, log=ctx.log, step=ctx.total_steps, results=results)
     writer.close()
+    gain = memory_gain(results)
     summary = {"steps": ctx.total_steps, "final_train_loss": last_loss,
-               "eval": [r.to_dict() for r in results], "export": str(export_dir) if export_dir else None,
-               "run_dir": str(ctx.run_dir)}
+               "eval": [r.to_dict() for r in results], "memory_gain": gain.to_dict() if gain else None,
+               "export": str(export_dir) if export_dir else None, "run_dir": str(ctx.run_dir)}
     if info.is_main:
         (ctx.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
@@ -269,6 +271,11 @@ def evaluate(ctx: RunContext, state: RunState, writer: MetricsWriter, step: int)
         kind = "eval_sorting" if result.accuracy is not None else f"eval_{result.protocol['name']}"
         writer.log(step, values, kind=kind)
         writer.message(f"eval step {step} {line}")
+    gain = memory_gain(results)  # with `memoryless` beside `full`: what the memory is worth
+    if gain is not None:
+        writer.log(step, {"nats_per_token": gain.nats_per_token, "ppl_without": gain.ppl_without},
+                   kind="eval_memory_gain")
+        writer.message(f"eval step {step} {gain.describe()}")
     state.engine.train()
     return results
 

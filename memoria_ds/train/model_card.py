@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+from ..eval.gain import memory_gain
+
 
 def model_card(cfg: Any, step: int, results: list[Any], model_config: Any, lora_merged: bool | None,
                remote_code: bool = False) -> str:
@@ -72,5 +74,9 @@ def model_card(cfg: Any, step: int, results: list[Any], model_config: Any, lora_
                       f"bpc {r.bpc:.4f}" if r.bpc is not None else f"ppl {r.ppl:.3f}")
             lines.append(f"| {r.split} | `{r.protocol.get('name', '?')}` | {metric} | {r.scored_tokens} |")
         lines += ["", "`paper`: one stream, memory carried through the split, each segment's first token "
-                  "unscored (the authors' protocol); `full`: every token scored (memoria_ds docs/data.md).", ""]
+                  "unscored (the authors' protocol); `full`: every token scored; `memoryless`: `full` with the "
+                  "memory reset before every segment (memoria_ds docs/data.md).", ""]
+        gain = memory_gain(results)
+        if gain is not None:
+            lines += [f"What the memory is worth to this model: {gain.describe()}.", ""]
     return "\n".join(lines)

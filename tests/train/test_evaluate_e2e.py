@@ -34,14 +34,21 @@ def evaluate(*args: str, ranks: int = 1) -> subprocess.CompletedProcess:
 
 def test_a_run_is_scored_as_its_training_scored_it_on_one_or_two_ranks(tmp_path):
     run = tmp_path / "run"
-    check(run_training(run, "checkpoint.export=true", "eval.protocols=[full, paper]", "eval.max_steps=null"))
+    proc = check(run_training(run, "checkpoint.export=true", "eval.protocols=[full, paper, memoryless]",
+                              "eval.max_steps=null"))
     trained = {r.protocol["name"]: r for r in map(read_results, sorted((run / "eval").glob("step_*.json")))
                for r in r}
+    # the memory gain: memoryless minus full, in the summary and on the terminal
+    gain = json.loads((run / "summary.json").read_text())["memory_gain"]
+    assert gain["nats_per_token"] == trained["memoryless"].nll - trained["full"].nll != 0.0
+    assert gain["scored_tokens"] == trained["full"].scored_tokens == trained["memoryless"].scored_tokens
+    assert f"memory gain validation: {gain['nats_per_token']:+.4f} nats/token" in proc.stdout
     # the export's model card gives the run's settings and these numbers
     card = (run / "export" / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: transformers") and "memory settings:" in card
     for name, r in trained.items():
         assert f"| validation | `{name}` | ppl {r.ppl:.3f} | {r.scored_tokens} |" in card
+    assert f"worth to this model: memory gain validation: {gain['nats_per_token']:+.4f} nats/token" in card
     # a fresh process loads it with trust_remote_code=True, without importing memoria_ds first
     code = ("import sys, torch; from transformers import AutoModelForCausalLM; "
             f"m = AutoModelForCausalLM.from_pretrained({str(run / 'export')!r}, trust_remote_code=True); "
@@ -49,9 +56,10 @@ def test_a_run_is_scored_as_its_training_scored_it_on_one_or_two_ranks(tmp_path)
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, HF_HUB_OFFLINE="1"), cwd=tmp_path)
     assert loaded.returncode == 0 and loaded.stdout.split()[-2:] == ["MemoriaGPT2LMHeadModel", "50257"], loaded.stderr
-    proc = check(evaluate(str(run), "eval.protocols=[full, paper]", "eval.trace=true"))
+    proc = check(evaluate(str(run), "eval.protocols=[full, paper, memoryless]", "eval.trace=true"))
     assert "eval validation [full]: ppl" in proc.stdout and "results:" in proc.stdout
-    for name in ("full", "paper"):
+    assert f"memory gain validation: {gain['nats_per_token']:+.4f} nats/token" in proc.stdout
+    for name in ("full", "paper", "memoryless"):
         (mine,) = read_results(run / "eval" / f"validation_{name}.json")
         assert mine.scored_tokens == trained[name].scored_tokens
         assert abs(mine.nll - trained[name].nll) < 1e-5, (name, mine.nll, trained[name].nll)

@@ -39,7 +39,11 @@ from memoria_ds.train.parse import ConfigError, load
         (["data.corpus=files", "data.files={train: [a.txt]}"], r"`eval.split` 'validation' is not a split of `data.corpus: "
          r"files` \(it has \['train'\]\)"),
         (["optim.max_steps=-5", "optim.memory_delay_steps=3"], r"`optim.max_steps` \(-5\) must be at least 1"),
-        (["eval.protocols=[]"], r"`eval.protocols` is empty: name `full` and/or `paper`, or set `eval.at_end=false`"),
+        (["eval.protocols=[]"], r"`eval.protocols` is empty: name `full`, `paper` and/or `memoryless`, or set "
+         r"`eval.at_end=false`"),
+        (["eval.protocols=[full, nope]"], r"unknown eval protocol\(s\) \['nope'\]; use any of `full`, `paper`, `memoryless`"),
+        (["eval.protocols=[full, memoryless, full]"], r"`eval.protocols` \['full', 'memoryless', 'full'\] names a "
+         r"protocol twice"),
         (["eval.protocols=[]", "eval.at_end=false", "eval.every=5"], r"`eval.protocols` is empty"),
         (["model.from_scratch=true", "data.segment_length=300", "model.settings={n_positions: 256}"],
          r"`data.segment_length` \(300\) exceeds the model's positions \(`model.settings.n_positions` = 256\)"),
