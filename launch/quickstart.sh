@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the bundled default: set up whatever is missing, then train a tiny
 # Memoria GPT-2 under the `deepspeed` launcher on the bundled public-domain book (CPU is
-# fine), evaluate it (full and paper protocols), checkpoint it and export it.
+# fine), evaluate it (full and paper protocols, and without its memory: the memory gain),
+# checkpoint it and export it.
 #
 #   bash launch/quickstart.sh [KEY=VALUE ...]     e.g. optim.epochs=2 run_dir=runs/mine
 #
