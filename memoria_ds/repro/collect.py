@@ -8,7 +8,8 @@ the scale: `paper` or `smoke`), or else from its configuration (entry kind, pres
 backbone, corpus, segment length, sorting segments) matched against
 `memoria_ds.repro.experiments`. Our numbers are the latest `eval/step_*_<protocol>.json`
 of the run (EvalResult JSON); each is printed with the protocol it was measured under, and
-the paper's with the protocol the authors used. Smoke runs, shortened runs (`max_steps`),
+the paper's with the protocol the authors used; where a run was also scored `memoryless`, its
+memory gain (`memoria_ds.eval.gain`) stands beside. Smoke runs, shortened runs (`max_steps`),
 truncated evaluations and unfinished runs are labelled as such, never passed off as
 reproductions.
 """
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..eval.gain import MemoryGain, memory_gain
 from ..eval.result import EvalResult, read_results
 from ..train.config import RunConfig
 from ..train.parse import ConfigError, load
@@ -149,6 +151,13 @@ class Line:
         step, r = self.run.results[protocol]
         return metric_value(r, self.cell.metric), r, step
 
+    def gain(self) -> MemoryGain | None:
+        """The run's memory gain (`memoryless` minus `full`, nats/token) at its latest step, if both were scored."""
+        if self.run is None or not {"full", "memoryless"} <= set(self.run.results):
+            return None
+        (step, full), (bare_step, bare) = self.run.results["full"], self.run.results["memoryless"]
+        return memory_gain([full, bare]) if step == bare_step else None
+
 
 def build_lines(runs: list[Run], tables: Iterable[str]) -> list[Line]:
     """Every cell of the chosen tables, once per run that reproduces it (once with no run if none)."""
@@ -181,7 +190,9 @@ def to_markdown(lines: list[Line], runs: list[Run]) -> str:
         rows = [line for line in lines if line.table is table]
         protocols = table.our_protocols
         w(f"\n## {table.title}\n\nPaper's numbers: {table.paper_protocol}.\n\n")
-        head = ["Model", "Column", "Paper"] + [f"Ours (`{p}`)" for p in protocols] + ["Status", "Run"]
+        gains = any(line.gain() is not None for line in rows)
+        head = (["Model", "Column", "Paper"] + [f"Ours (`{p}`)" for p in protocols]
+                + (["Memory gain (nats/token)"] if gains else []) + ["Status", "Run"])
         w("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
         seen: dict[str, str] = {}
         for line in rows:
@@ -197,9 +208,15 @@ def to_markdown(lines: list[Line], runs: list[Run]) -> str:
                 status, run = "not run", f"`{cell.experiment}`"
             else:
                 status, run = line.run.status, f"`{line.run.path}`"
+            if gains:
+                gain = line.gain()
+                ours.append("-" if gain is None else f"{gain.nats_per_token:+.4f}")
             w("| " + " | ".join([cell.row, cell.column, _fmt(cell.paper, cell.metric), *ours, status, run]) + " |\n")
         if seen:
             w("\nOur protocols, as recorded with the results:\n\n" + "".join(f"- {d}\n" for d in seen))
+        if gains:
+            w("\nMemory gain: the run's NLL with its memory reset before every segment (`memoryless`) minus its "
+              "NLL with the memory carried (`full`), per scored token: what the memory is worth to that model.\n")
     other = [r for r in runs if r.experiment is None]
     if other:
         w("\n## Runs that match no paper experiment\n\n" + "".join(f"- `{r.path}`\n" for r in other))
@@ -207,7 +224,7 @@ def to_markdown(lines: list[Line], runs: list[Run]) -> str:
 
 
 CSV_FIELDS = ["table", "row", "column", "metric", "paper", "paper_protocol", "ours", "protocol", "protocol_detail",
-              "split", "scored", "step", "scale", "status", "experiment", "run_dir"]
+              "split", "scored", "step", "memory_gain", "scale", "status", "experiment", "run_dir"]
 
 
 def to_csv(lines: list[Line]) -> str:
@@ -216,7 +233,7 @@ def to_csv(lines: list[Line]) -> str:
     writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator="\n")
     writer.writeheader()
     for line in lines:
-        cell, run = line.cell, line.run
+        cell, run, gain = line.cell, line.run, line.gain()
         for p in line.table.our_protocols:
             v, r, step = line.ours(p)
             writer.writerow({
@@ -225,7 +242,8 @@ def to_csv(lines: list[Line]) -> str:
                 "ours": "" if v is None else f"{v:.6g}", "protocol": p,
                 "protocol_detail": json.dumps(r.protocol, sort_keys=True) if r else "",
                 "split": r.split if r else "", "scored": r.scored_tokens if r else "",
-                "step": "" if step is None else step, "scale": run.scale if run else "",
+                "step": "" if step is None else step,
+                "memory_gain": "" if gain is None else f"{gain.nats_per_token:.6g}", "scale": run.scale if run else "",
                 "status": run.status if run else "", "experiment": cell.experiment or "",
                 "run_dir": str(run.path) if run else "",
             })

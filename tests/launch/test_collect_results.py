@@ -15,7 +15,7 @@ import pytest
 from memoria_ds.repro.collect import collect, find_runs, main, read_run
 from memoria_ds.repro.experiments import ENTRY_BASE_OVERRIDES, EXPERIMENTS, TABLES
 from memoria_ds.eval import EvalResult, paper_protocol
-from memoria_ds.eval.protocols import full_protocol
+from memoria_ds.eval.protocols import full_protocol, memoryless_protocol
 from memoria_ds.train.config import RunConfig
 from memoria_ds.train.parse import dump, load
 
@@ -28,7 +28,8 @@ def result(protocol: str, value: float, metric: str, split: str = "test") -> Eva
         return EvalResult.from_sums(nll_sum=0.5 * N, scored_tokens=N, correct=round(value * N), **common,
                                     protocol={"name": "sorting", "segment_length": 1024, "num_streams": 32,
                                               "segments_per_example": 4, "scored": "the 20 answer positions"})
-    p = (paper_protocol(150) if protocol == "paper" else full_protocol(150, 1)).to_dict()
+    p = {"paper": paper_protocol(150), "full": full_protocol(150, 1),
+         "memoryless": memoryless_protocol(150, 1)}[protocol].to_dict()
     if metric == "bpc":
         return EvalResult.from_sums(nll_sum=value * math.log(2) * N, scored_tokens=N, character_level=True,
                                     protocol=p, **common)
@@ -128,3 +129,23 @@ def test_collect_cli(runs, tmp_path, capsys):
     assert (tmp_path / "o" / "results.csv").is_file()
     assert main([str(runs), "--tables", "table9"]) == 2
     assert "unknown table(s) ['table9']" in capsys.readouterr().err
+
+
+def test_the_memory_gain_stands_beside_a_run_scored_without_its_memory(tmp_path):
+    root = tmp_path / "runs"
+    make_run(root, "finetune/wikitext103-L150-gpt2-memoria",
+             {(200, "paper"): 19.5, (200, "full"): 19.25, (200, "memoryless"): 20.5})
+    make_run(root, "finetune/wikitext103-L150-gpt2-transformer", {(200, "paper"): 21.0, (200, "full"): 20.75})
+    make_run(root, "scratch/wikitext103-L150-xl", {(100, "memoryless"): 22.0, (200, "full"): 20.0})  # stale
+    info = collect([root], tmp_path / "out", tables=["table5", "table1"])
+    gain = math.log(20.5) - math.log(19.25)
+    md = Path(info["markdown"]).read_text()
+    assert f"| Memoria GPT-2 | WikiText-103 PPL | 18.986 | 19.500 | 19.250 | {gain:+.4f} | complete |" in md
+    assert "| GPT-2 | WikiText-103 PPL | 20.498 | 21.000 | 20.750 | - | complete |" in md  # no memoryless result
+    assert "Memory gain: the run's NLL with its memory reset before every segment" in md
+    table = {(r["row"], r["column"], r["protocol"]): r for r in rows(Path(info["csv"]).read_text())}
+    column = "WikiText-103 PPL"
+    assert float(table[("Memoria GPT-2", column, "full")]["memory_gain"]) == pytest.approx(gain, rel=1e-5)
+    assert float(table[("Memoria GPT-2", column, "paper")]["memory_gain"]) == pytest.approx(gain, rel=1e-5)
+    assert table[("GPT-2", column, "full")]["memory_gain"] == ""
+    assert table[("Transformer-XL", column, "full")]["memory_gain"] == ""  # memoryless of another step: no gain

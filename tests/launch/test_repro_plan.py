@@ -60,7 +60,7 @@ def test_experiments_resolve_to_the_papers_settings():
     ft = cfgs["finetune/wikitext103-L150-gpt2-xl-memoria"]
     assert (ft.model.from_scratch, ft.model.backbone, ft.optim.lr, ft.optim.precision) == (False, "gpt2-xl", 5e-5, "bf16")
     assert (ft.data.segment_length, ft.data.reset, ft.optim.epochs, ft.optim.warmup_ratio) == (150, "every:500", 3, 0.06)
-    assert ft.eval.protocols == ["paper", "full"] and ft.eval.split == "test"
+    assert ft.eval.protocols == ["paper", "full", "memoryless"] and ft.eval.split == "test"
     assert cfgs["scratch/wikitext103-L150-memoria"].optim.lr == 2e-4
     assert cfgs["scratch/wikitext103-L150-xl"].optim.lr == 1e-4  # Appendix B.2
     seg50 = cfgs["scratch/wikitext103-L50-memoria"]

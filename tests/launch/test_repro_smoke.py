@@ -35,7 +35,7 @@ def smoke(table: str, root: Path, *flags: str) -> str:
 def test_table5_smoke_finetunes_a_pretrained_style_backbone(tmp_path):
     out = smoke("table5", tmp_path, "--sizes", "gpt2-xl", "--models", "memoria")
     run_dir = tmp_path / "finetune" / "wikitext103-L150-gpt2-xl-memoria"
-    summary = check_finished_run(run_dir, ("paper", "full"))
+    summary = check_finished_run(run_dir, ("paper", "full", "memoryless"))
     assert summary["steps"] == 3
     assert out.count("+ ") >= 2 and "+ deepspeed --num_gpus 1" in out  # planner and training command echoed
     assert "export: " in (run_dir / "launch.log").read_text()  # the output was kept (tee)
@@ -45,7 +45,7 @@ def test_table5_smoke_finetunes_a_pretrained_style_backbone(tmp_path):
     record = json.loads((run_dir / "repro.json").read_text())
     assert record["scale"] == "smoke" and record["experiment"] == "finetune/wikitext103-L150-gpt2-xl-memoria"
     collected = read_run(run_dir)
-    assert collected.status.startswith("smoke run") and set(collected.results) == {"paper", "full"}
+    assert collected.status.startswith("smoke run") and set(collected.results) == {"paper", "full", "memoryless"}
 
 
 def test_table4_dry_run_command_runs_as_printed_on_two_ranks(tmp_path):
