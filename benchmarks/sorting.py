@@ -11,7 +11,9 @@ as `engine=torch` (AdamW on the toolkit's parameter groups, linear warm-up and d
 clipping), the way the training loop does it: each example's segments in order with the
 memory carried and reset at the example's first segment; segments without targets run
 forward only; one update per batch of examples. Then it scores the test split with the
-toolkit's `evaluate_sorting` (teacher-forced argmax accuracy over the 20 answer positions).
+toolkit's `evaluate_sorting` (teacher-forced argmax accuracy over the 20 answer positions),
+once as trained and once with the memory reset before every segment (`memoryless`: the model
+then sees only the answer's segment); the difference is what the memory does on the task.
 
 Chance, for a model that only learns that the answer is a permutation (never repeat a
 symbol already given): the mean of 1 / (20 - k) over the answer positions k, 18.0%.
@@ -133,15 +135,18 @@ def run_one(a: argparse.Namespace, k: int, spec: str, seed: int, seen: list[floa
     model, losses, (norms, residual) = train(spec, seed, a, train_ds)
     train_s = time.perf_counter() - t0
     r = evaluate_sorting(model, test_ds, segment_length=a.segment, batch_size=a.batch, progress=False)
+    bare = evaluate_sorting(model, test_ds, segment_length=a.segment, batch_size=a.batch, progress=False,
+                            memoryless=True)  # the same model with its memory reset before every segment
     return dict(segments=k, variant=spec, seed=seed, accuracy=r.accuracy, answer_nll=r.nll,
+                accuracy_memoryless=bare.accuracy, answer_nll_memoryless=bare.nll,
                 train_loss_last=statistics.fmean(losses[-max(1, len(losses) // 10):]), updates=len(losses),
                 train_s=train_s, oracle=seen, curve=curve(losses, norms, residual))  # fmt: skip
 
 
 def report(r: dict) -> None:
-    print(f"  {r['segments']:>2} segments  {r['variant']:<28} seed {r['seed']}  accuracy {r['accuracy']:.1%}  answer nll "
-          f"{r['answer_nll']:.3f}  train loss {r['train_loss_last']:.3f}  ({r['updates']} updates, {r['train_s']:.0f}s)",
-          flush=True)  # fmt: skip
+    print(f"  {r['segments']:>2} segments  {r['variant']:<28} seed {r['seed']}  accuracy {r['accuracy']:.1%} "
+          f"({r['accuracy_memoryless']:.1%} without memory)  answer nll {r['answer_nll']:.3f}  train loss "
+          f"{r['train_loss_last']:.3f}  ({r['updates']} updates, {r['train_s']:.0f}s)", flush=True)  # fmt: skip
 
 
 def check_arguments(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -242,6 +247,24 @@ def print_table(results: list[dict]) -> None:
             acc, nll = [r["accuracy"] for r in rs], [r["answer_nll"] for r in rs]
             cells.append(f"{statistics.fmean(acc):.1%} ± {(max(acc) - min(acc)) / 2:.1%} / "
                          f"{statistics.fmean(nll):.3f} ± {(max(nll) - min(nll)) / 2:.3f} (n={len(rs)})")  # fmt: skip
+        print(f"{spec:<24}" + "".join(f"{c:>40}" for c in cells))
+    memoryless = [r for r in results if "accuracy_memoryless" in r]  # (not in --json files of before 2026-11-26)
+    if not memoryless:
+        return
+    print("\naccuracy with the memory reset before every segment (the model sees only the answer's segment), and "
+          "what the memory adds: mean over seeds, in points")
+    print(f"{'variant':<24}" + "".join(f"{f'{k} segments':>40}" for k in ks))
+    for spec in variants:
+        cells = []
+        for k in ks:
+            rs = [r for r in memoryless if r["variant"] == spec and r["segments"] == k]
+            if not rs:
+                cells.append("-")
+                continue
+            bare = [r["accuracy_memoryless"] for r in rs]
+            added = [r["accuracy"] - r["accuracy_memoryless"] for r in rs]
+            cells.append(f"{statistics.fmean(bare):.1%} ± {(max(bare) - min(bare)) / 2:.1%}, memory "
+                         f"{100 * statistics.fmean(added):+.1f} (n={len(rs)})")  # fmt: skip
         print(f"{spec:<24}" + "".join(f"{c:>40}" for c in cells))
 
 if __name__ == "__main__":

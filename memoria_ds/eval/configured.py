@@ -36,7 +36,8 @@ def evaluate_split(
 
     Args:
         data: the run's `data` section (corpus, segment_length).
-        evaluation: the run's `eval` section (split, protocols, num_streams, reset, max_steps).
+        evaluation: the run's `eval` section (split, protocols, num_streams, reset, max_steps; on the
+            sorting task `memoryless` among the protocols adds the reading without memory).
         label: the model's name in the results (e.g. `gpt2:memoria@step100`); result files are
             `<out_dir>/<file stem>_<protocol>.json` with the stem taken from after the last `@`.
         out_dir: where rank 0 writes one JSON per protocol (None: nowhere).
@@ -53,14 +54,14 @@ def evaluate_split(
     def output(name: str) -> str | None:
         return str(out_dir / f"{stem}_{name}.json") if out_dir is not None and rank == 0 else None
 
-    if data.corpus == "sorting":
+    if data.corpus == "sorting":  # `memoryless` among the protocols: also read with the memory reset every segment
         if memory_for is not None:
             raise ValueError("the sorting task starts every example from an empty memory: no starting memory")
         return [evaluate_sorting(
             model, corpus, segment_length=data.segment_length, batch_size=sorting_batch_size, model_name=label,
             split=evaluation.split, rank=rank, world_size=world_size, device=device, progress=False,
-            output_path=output("sorting"),
-        )]
+            output_path=output("sorting_memoryless" if bare else "sorting"), memoryless=bare,
+        ) for bare in (False, True)[: 1 + ("memoryless" in evaluation.protocols)]]
     results = []
     streams = evaluation.num_streams or world_size
     for name in evaluation.protocols:
@@ -82,7 +83,8 @@ def describe(result: EvalResult) -> tuple[str, dict[str, float]]:
     """(a one-line summary, the scalars to log) of one result."""
     name = result.protocol["name"] if isinstance(result.protocol, dict) else str(result.protocol)
     if result.accuracy is not None:
-        return (f"[sorting]: accuracy {result.accuracy:.4f} over {result.scored_tokens} targets",
+        kind = "sorting, memoryless" if result.protocol.get("memoryless") else "sorting"
+        return (f"[{kind}]: accuracy {result.accuracy:.4f} over {result.scored_tokens} targets",
                 {"accuracy": result.accuracy, "nll": result.nll})
     values = {"ppl": result.ppl, "nll": result.nll, "scored_tokens": result.scored_tokens}
     if result.bpc is not None:

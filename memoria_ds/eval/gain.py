@@ -6,6 +6,10 @@ token: positive when the memory helps, 0 for a model without memory (`transforme
 negative when the model scores better with its memory taken away. It is a paired measure
 (one model, the same tokens), so it says what the memory contributes to *this* model, not
 how the model compares with one trained without a memory.
+
+On the sorting task the pair is the sorting evaluation with the memory carried through each
+example and the same with it reset before every segment (`evaluate_sorting(memoryless=True)`):
+the gain is then in nats per answer symbol, with both accuracies.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ class MemoryGain:
         nats_per_token: NLL without the memory minus NLL with it (> 0: the memory helps).
         ppl_with, ppl_without: the two perplexities.
         scored_tokens: the tokens both scored.
+        accuracy_with, accuracy_without: the two sorting accuracies (None for language modelling).
     """
 
     split: str
@@ -34,6 +39,8 @@ class MemoryGain:
     ppl_with: float
     ppl_without: float
     scored_tokens: int
+    accuracy_with: float | None = None
+    accuracy_without: float | None = None
 
     @property
     def ppl_change(self) -> float:
@@ -41,6 +48,10 @@ class MemoryGain:
         return math.expm1(-self.nats_per_token)
 
     def describe(self) -> str:
+        if self.accuracy_with is not None:
+            return (f"memory gain {self.split}: {self.nats_per_token:+.4f} nats/answer symbol (accuracy "
+                    f"{self.accuracy_with:.4f} with the memory, {self.accuracy_without:.4f} with it reset before every "
+                    f"segment)")
         return (f"memory gain {self.split}: {self.nats_per_token:+.4f} nats/token (ppl {self.ppl_with:.3f} with the "
                 f"memory, {self.ppl_without:.3f} with it reset before every segment: {100 * self.ppl_change:+.1f}%)")
 
@@ -48,28 +59,36 @@ class MemoryGain:
         return {**asdict(self), "ppl_change": self.ppl_change}
 
 
-def _name(result: EvalResult | dict) -> str | None:
-    protocol = result["protocol"] if isinstance(result, dict) else result.protocol
-    return protocol.get("name") if isinstance(protocol, dict) else None
+def _role(result: dict) -> str | None:
+    """`with` (memory carried), `without` (reset before every segment) or None (another protocol)."""
+    protocol = result["protocol"] if isinstance(result["protocol"], dict) else {}
+    name = protocol.get("name")
+    if name == "sorting":
+        return "without" if protocol.get("memoryless") else "with"
+    return {"full": "with", "memoryless": "without"}.get(name)
 
 
 def memory_gain(results: Sequence[EvalResult | dict]) -> MemoryGain | None:
     """The gain from one evaluation's results (`EvalResult`s or their dicts), or None unless it
-    has both a `full` and a `memoryless` result.
+    has both a `full` and a `memoryless` result (or a sorting result and its memoryless one).
 
     Raises:
         ValueError: the two did not score the same tokens (different splits, stream counts or
             segment lengths), so their difference would not be the memory's.
     """
-    by_name = {_name(r): r if isinstance(r, dict) else r.to_dict() for r in results}
-    full, bare = by_name.get("full"), by_name.get("memoryless")
+    by_role = {}
+    for r in results:
+        r = r if isinstance(r, dict) else r.to_dict()
+        by_role[_role(r)] = r
+    full, bare = by_role.get("with"), by_role.get("without")
     if full is None or bare is None:
         return None
     same = ("segment_length", "num_streams")
     if (full["split"] != bare["split"] or full["scored_tokens"] != bare["scored_tokens"]
             or any(full["protocol"][k] != bare["protocol"][k] for k in same)):
-        raise ValueError(f"`full` and `memoryless` scored different tokens ({full['scored_tokens']} on "
-                         f"{full['split']!r} against {bare['scored_tokens']} on {bare['split']!r}); their "
-                         f"difference is not the memory's")
+        raise ValueError(f"the evaluations with and without the memory scored different tokens "
+                         f"({full['scored_tokens']} on {full['split']!r} against {bare['scored_tokens']} on "
+                         f"{bare['split']!r}); their difference is not the memory's")
     return MemoryGain(split=full["split"], nats_per_token=bare["nll"] - full["nll"], ppl_with=full["ppl"],
-                      ppl_without=bare["ppl"], scored_tokens=full["scored_tokens"])
+                      ppl_without=bare["ppl"], scored_tokens=full["scored_tokens"],
+                      accuracy_with=full.get("accuracy"), accuracy_without=bare.get("accuracy"))

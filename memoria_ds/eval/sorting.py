@@ -4,6 +4,10 @@ Each batch of examples is read segment by segment through the segment runner (da
 memory carried between segments and every row reset at its example's first segment. Scored positions are those with a
 target (the separator and the first 19 answer symbols, predicting the 20 answer symbols);
 accuracy = correct / scored over all examples and ranks (exact sums, all-reduced).
+
+`memoryless=True` reads the same examples with every row reset before every segment: the model
+then sees only the last segment's symbols when it answers, and the difference from the
+carried reading is what its memory does on the task (`memoria_ds.eval.gain`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from memoria_ds.eval.scoring import dist_coordinates, evaluating, model_device
 from memoria_ds.data.segments import run_segments
 
 _EVERY_EXAMPLE = ResetPolicy(at_document_start=True)
+_EVERY_SEGMENT = ResetPolicy(every_n_steps=1)
 
 
 def evaluate_sorting(
@@ -37,6 +42,7 @@ def evaluate_sorting(
     device: torch.device | str | None = None,
     progress: bool = True,
     output_path: str | None = None,
+    memoryless: bool = False,
 ) -> EvalResult:
     """Accuracy of a Contract-2 model on a sorting split.
 
@@ -48,6 +54,7 @@ def evaluate_sorting(
             batch is padded with unscored rows, so every example counts once.
         model_name, split: recorded in the result.
         rank, world_size, device, progress, output_path: as for `evaluate_lm`.
+        memoryless: reset every row before every segment (the model without its memory).
 
     Returns:
         `EvalResult` with `accuracy`, `correct`, and the NLL of the answer symbols.
@@ -61,8 +68,9 @@ def evaluate_sorting(
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # nll, scored, correct, input tokens
     start = time.perf_counter()
     label = "eval sorting" if progress and rank == 0 else None
+    reset = _EVERY_SEGMENT if memoryless else _EVERY_EXAMPLE
     with evaluating(model):
-        for seg in run_segments(model, streams, reset=_EVERY_EXAMPLE, device=device, progress=label):
+        for seg in run_segments(model, streams, reset=reset, device=device, progress=label):
             batch, logits = seg.batch, seg.logits
             nll, mask = token_nll(logits, batch.targets)
             correct = (logits.argmax(dim=-1) == batch.targets) & mask
@@ -78,7 +86,8 @@ def evaluate_sorting(
         split=split,
         protocol={"name": "sorting", "segment_length": segment_length, "num_streams": batch_size,
                   "segments_per_example": streams.segments_per_example,
-                  "reset": _EVERY_EXAMPLE.to_dict(), "scored": "the 20 answer positions, teacher-forced argmax"},
+                  "reset": reset.to_dict(), "memoryless": memoryless,
+                  "scored": "the 20 answer positions, teacher-forced argmax"},
         world_size=world_size, steps=streams.steps_per_epoch, input_tokens=int(round(totals[3])),
         wall_time_s=wall, tokens_per_s=totals[3] / wall if wall > 0 else 0.0,
     )

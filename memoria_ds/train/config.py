@@ -381,7 +381,8 @@ class EvalSection(Section):
         protocols: any of `full` (every token, `num_streams` streams), `paper` (one stream,
             149 of 150 tokens scored, no resets: the authors' protocol) and `memoryless`
             (`full` with the memory reset before every segment; beside `full`, the run also
-            reports the memory gain: what the memory is worth to this model).
+            reports the memory gain: what the memory is worth to this model; on the sorting
+            task, `memoryless` adds the accuracy with the memory reset before every segment).
         num_streams: streams of the `full` protocol (a multiple of the world size); 0:
             one per rank.
         reset: reset policy of the `full` protocol.

@@ -268,7 +268,8 @@ def evaluate(ctx: RunContext, state: RunState, writer: MetricsWriter, step: int)
     )
     for result in results:
         line, values = describe(result)
-        kind = "eval_sorting" if result.accuracy is not None else f"eval_{result.protocol['name']}"
+        kind = (("eval_sorting_memoryless" if result.protocol.get("memoryless") else "eval_sorting")
+                if result.accuracy is not None else f"eval_{result.protocol['name']}")
         writer.log(step, values, kind=kind)
         writer.message(f"eval step {step} {line}")
     gain = memory_gain(results)  # with `memoryless` beside `full`: what the memory is worth

@@ -6,7 +6,7 @@ import pytest
 from known_models import SortingOracle
 
 from memoria_ds.data import generate_sorting
-from memoria_ds.eval import evaluate_sorting
+from memoria_ds.eval import evaluate_sorting, memory_gain
 
 
 @pytest.fixture(scope="module")
@@ -33,3 +33,22 @@ def test_memory_does_not_leak_across_examples(sorting) -> None:
     # would count the previous example's symbols (and its answer) too.
     r = evaluate_sorting(SortingOracle(), sorting, segment_length=10, batch_size=1, progress=False)
     assert r.accuracy == 1.0
+
+
+@pytest.mark.parametrize("segment_length", [8, 13])
+def test_memoryless_reads_each_segment_alone(sorting, segment_length: int) -> None:
+    # reset before every segment = an oracle that forgets at every segment, number for number
+    bare = evaluate_sorting(SortingOracle(), sorting, segment_length=segment_length, batch_size=3, progress=False,
+                            memoryless=True)
+    forgetful = evaluate_sorting(SortingOracle(forget=True), sorting, segment_length=segment_length, batch_size=3,
+                                 progress=False)
+    assert (bare.correct, bare.scored_tokens, bare.nll_sum) == (forgetful.correct, forgetful.scored_tokens,
+                                                                forgetful.nll_sum)
+    assert bare.protocol["memoryless"] and bare.protocol["reset"]["policy"] == "every:1"
+    full = evaluate_sorting(SortingOracle(), sorting, segment_length=segment_length, batch_size=3, progress=False)
+    assert not full.protocol["memoryless"]
+    gain = memory_gain([full, bare])
+    assert (gain.accuracy_with, gain.accuracy_without) == (1.0, bare.accuracy) and bare.accuracy < 1.0
+    assert gain.nats_per_token == bare.nll - full.nll > 0
+    assert gain.describe().startswith(f"memory gain test: {gain.nats_per_token:+.4f} nats/answer symbol (accuracy "
+                                      f"1.0000 with the memory, {bare.accuracy:.4f} with it reset")

@@ -84,6 +84,9 @@ def test_the_benchmark_runs_and_its_table_reads_back(tmp_path):
     # 16 examples in batches of 4, the answer (SEP at 12) spans both 16-token segments: 8 updates
     assert [(r["variant"], r["segments"], r["updates"]) for r in results] == [("transformer", 2, 8), ("memoria_wm", 2, 8)]
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["answer_nll"] > 0 for r in results)
+    plain = results[0]  # a model without memory scores the same without it
+    assert (plain["accuracy_memoryless"], plain["answer_nll_memoryless"]) == (plain["accuracy"], plain["answer_nll"])
     table = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sorting.py"), "--table", str(out)], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)  # fmt: skip
     assert table.returncode == 0 and "memoria_wm" in table.stdout and "2 segments" in table.stdout
+    assert "accuracy with the memory reset before every segment" in table.stdout and "memory +0.0 (n=1)" in table.stdout

@@ -34,7 +34,7 @@ def test_training_sees_the_memory_that_evaluation_sees(tmp_path, preset):
         "data.corpus=sorting", "data.segment_length=16",
         "data.sorting={num_segments: 4, num_train: 32, num_validation: 8, num_test: 0}",
         "optim.micro_batch_size=8", "optim.epochs=1", "optim.lr=1e-12", "optim.warmup_ratio=0",
-        "eval.split=train", "log.every=1000", "log.progress=false", "log.tensorboard=false",
+        "eval.split=train", "eval.protocols=[full, memoryless]", "log.every=1000", "log.progress=false", "log.tensorboard=false",
         "checkpoint.every=0", "checkpoint.export=false", f"run_dir={tmp_path / 'run'}",
     ])
     ctx, state = setup(cfg, init_distributed())
@@ -46,7 +46,15 @@ def test_training_sees_the_memory_that_evaluation_sees(tmp_path, preset):
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     assert train[-1]["skipped_micro_batches"] == 0 and train[-1]["skipped_steps"] == 0
-    (result,) = summary["eval"]
-    assert result["scored_tokens"] == 32 * 20
+    result, bare = summary["eval"]  # the memory carried; reset before every segment (`memoryless`)
+    assert result["scored_tokens"] == bare["scored_tokens"] == 32 * 20
+    assert (result["protocol"]["memoryless"], bare["protocol"]["memoryless"]) == (False, True)
+    gain = summary["memory_gain"]
+    assert (gain["accuracy_with"], gain["accuracy_without"]) == (result["accuracy"], bare["accuracy"])
+    assert gain["nats_per_token"] == bare["nll"] - result["nll"]
+    if preset == "transformer":
+        assert gain["nats_per_token"] == 0.0, "a model without memory gains nothing"
+    else:
+        assert gain["nats_per_token"] != 0.0, "the memory carried through the example changes the answers' NLL"
     assert summary["final_train_loss"] == pytest.approx(result["nll"], abs=2e-5), (
         f"training saw another model than evaluation: train {summary['final_train_loss']} vs eval {result['nll']}")
