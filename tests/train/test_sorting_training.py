@@ -52,6 +52,8 @@ def test_training_sees_the_memory_that_evaluation_sees(tmp_path, preset):
     gain = summary["memory_gain"]
     assert (gain["accuracy_with"], gain["accuracy_without"]) == (result["accuracy"], bare["accuracy"])
     assert gain["nats_per_token"] == bare["nll"] - result["nll"]
+    (logged,) = [r for r in records if r["kind"] == "eval_memory_gain"]
+    assert logged["accuracy_points"] == pytest.approx(100 * (result["accuracy"] - bare["accuracy"]))
     if preset == "transformer":
         assert gain["nats_per_token"] == 0.0, "a model without memory gains nothing"
     else:
