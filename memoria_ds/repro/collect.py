@@ -152,11 +152,15 @@ class Line:
         return metric_value(r, self.cell.metric), r, step
 
     def gain(self) -> MemoryGain | None:
-        """The run's memory gain (`memoryless` minus `full`, nats/token) at its latest step, if both were scored."""
-        if self.run is None or not {"full", "memoryless"} <= set(self.run.results):
+        """The run's memory gain at its latest step, if it was also scored without its memory: `memoryless`
+        beside `full`, or the sorting task's memoryless reading beside its own."""
+        if self.run is None:
             return None
-        (step, full), (bare_step, bare) = self.run.results["full"], self.run.results["memoryless"]
-        return memory_gain([full, bare]) if step == bare_step else None
+        for carried, bare in (("full", "memoryless"), ("sorting", "sorting_memoryless")):
+            if {carried, bare} <= set(self.run.results):
+                (step, a), (bare_step, b) = self.run.results[carried], self.run.results[bare]
+                return memory_gain([a, b]) if step == bare_step else None
+        return None
 
 
 def build_lines(runs: list[Run], tables: Iterable[str]) -> list[Line]:
@@ -180,6 +184,14 @@ def _fmt(v: float | None, metric: str) -> str:
     return f"{v:.2f}" if metric == "accuracy" else f"{v:.3f}"
 
 
+def _fmt_gain(gain: MemoryGain | None) -> str:
+    if gain is None:
+        return "-"
+    if gain.accuracy_with is not None:
+        return f"{100 * (gain.accuracy_with - gain.accuracy_without):+.2f} points"
+    return f"{gain.nats_per_token:+.4f} nats/token"
+
+
 def to_markdown(lines: list[Line], runs: list[Run]) -> str:
     out = io.StringIO()
     w = out.write
@@ -192,7 +204,7 @@ def to_markdown(lines: list[Line], runs: list[Run]) -> str:
         w(f"\n## {table.title}\n\nPaper's numbers: {table.paper_protocol}.\n\n")
         gains = any(line.gain() is not None for line in rows)
         head = (["Model", "Column", "Paper"] + [f"Ours (`{p}`)" for p in protocols]
-                + (["Memory gain (nats/token)"] if gains else []) + ["Status", "Run"])
+                + (["Memory gain"] if gains else []) + ["Status", "Run"])
         w("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
         seen: dict[str, str] = {}
         for line in rows:
@@ -210,13 +222,14 @@ def to_markdown(lines: list[Line], runs: list[Run]) -> str:
                 status, run = line.run.status, f"`{line.run.path}`"
             if gains:
                 gain = line.gain()
-                ours.append("-" if gain is None else f"{gain.nats_per_token:+.4f}")
+                ours.append(_fmt_gain(gain))
             w("| " + " | ".join([cell.row, cell.column, _fmt(cell.paper, cell.metric), *ours, status, run]) + " |\n")
         if seen:
             w("\nOur protocols, as recorded with the results:\n\n" + "".join(f"- {d}\n" for d in seen))
         if gains:
             w("\nMemory gain: the run's NLL with its memory reset before every segment (`memoryless`) minus its "
-              "NLL with the memory carried (`full`), per scored token: what the memory is worth to that model.\n")
+              "NLL with the memory carried (`full`), per scored token (sorting: the accuracy with the memory minus "
+              "without it, in points): what the memory is worth to that model.\n")
     other = [r for r in runs if r.experiment is None]
     if other:
         w("\n## Runs that match no paper experiment\n\n" + "".join(f"- `{r.path}`\n" for r in other))

@@ -27,7 +27,8 @@ def result(protocol: str, value: float, metric: str, split: str = "test") -> Eva
     if metric == "accuracy":
         return EvalResult.from_sums(nll_sum=0.5 * N, scored_tokens=N, correct=round(value * N), **common,
                                     protocol={"name": "sorting", "segment_length": 1024, "num_streams": 32,
-                                              "segments_per_example": 4, "scored": "the 20 answer positions"})
+                                              "segments_per_example": 4, "scored": "the 20 answer positions",
+                                              "memoryless": protocol == "sorting_memoryless"})
     p = {"paper": paper_protocol(150), "full": full_protocol(150, 1),
          "memoryless": memoryless_protocol(150, 1)}[protocol].to_dict()
     if metric == "bpc":
@@ -137,12 +138,15 @@ def test_the_memory_gain_stands_beside_a_run_scored_without_its_memory(tmp_path)
              {(200, "paper"): 19.5, (200, "full"): 19.25, (200, "memoryless"): 20.5})
     make_run(root, "finetune/wikitext103-L150-gpt2-transformer", {(200, "paper"): 21.0, (200, "full"): 20.75})
     make_run(root, "scratch/wikitext103-L150-xl", {(100, "memoryless"): 22.0, (200, "full"): 20.0})  # stale
-    info = collect([root], tmp_path / "out", tables=["table5", "table1"])
+    make_run(root, "sorting/L1024-n4-memoria", {(5, "sorting"): 0.8, (5, "sorting_memoryless"): 0.36},
+             metric="accuracy")
+    info = collect([root], tmp_path / "out", tables=["table5", "table1", "table7"])
     gain = math.log(20.5) - math.log(19.25)
     md = Path(info["markdown"]).read_text()
-    assert f"| Memoria GPT-2 | WikiText-103 PPL | 18.986 | 19.500 | 19.250 | {gain:+.4f} | complete |" in md
+    assert f"| Memoria GPT-2 | WikiText-103 PPL | 18.986 | 19.500 | 19.250 | {gain:+.4f} nats/token | complete |" in md
     assert "| GPT-2 | WikiText-103 PPL | 20.498 | 21.000 | 20.750 | - | complete |" in md  # no memoryless result
     assert "Memory gain: the run's NLL with its memory reset before every segment" in md
+    assert "| + Long-term Memory | 4 segments of 1024 | 82.27 | 80.00 | +44.00 points | complete |" in md
     table = {(r["row"], r["column"], r["protocol"]): r for r in rows(Path(info["csv"]).read_text())}
     column = "WikiText-103 PPL"
     assert float(table[("Memoria GPT-2", column, "full")]["memory_gain"]) == pytest.approx(gain, rel=1e-5)

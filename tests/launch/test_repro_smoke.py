@@ -59,12 +59,17 @@ def test_table4_dry_run_command_runs_as_printed_on_two_ranks(tmp_path):
     assert shlex.split(command)[1:3] == ["--num_gpus", "2"]
     check(run(["bash", "-c", command]))
     run_dir = tmp_path / "sorting" / "L256-n4-memoria"
-    check_finished_run(run_dir, ("sorting",))
+    summary = check_finished_run(run_dir, ("sorting", "sorting_memoryless"))
     ds = json.loads((run_dir / "ds_config.json").read_text())
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"]) == (4, 2)  # 4 streams over 2 ranks
     result = json.loads(next((run_dir / "eval").glob("step_*_sorting.json")).read_text())
     assert 0.0 <= result["accuracy"] <= 1.0 and result["scored_tokens"] == 8 * 20  # 8 test examples x 20 answers
     assert result["protocol"]["segments_per_example"] == 4
+    # read a second time with the memory reset before every segment, on both ranks
+    bare = json.loads(next((run_dir / "eval").glob("step_*_sorting_memoryless.json")).read_text())
+    assert bare["scored_tokens"] == result["scored_tokens"] and bare["protocol"]["memoryless"]
+    gain = summary["memory_gain"]
+    assert (gain["accuracy_with"], gain["accuracy_without"]) == (result["accuracy"], bare["accuracy"])
 
 
 def test_table7_smoke_runs_the_ablation(tmp_path):
