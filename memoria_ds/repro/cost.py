@@ -115,7 +115,8 @@ def schedule(cfg: RunConfig, world_size: int, count: bool = False) -> Schedule:
     if d.corpus == "sorting":
         s = d.sorting_settings
         per_epoch = s["num_train"] // batch * s["num_segments"]
-        eval_steps = math.ceil(s["num_test"] / batch) * s["num_segments"] if e.at_end else 0
+        readings = 2 if "memoryless" in e.protocols else 1  # with the memory, and reset before every segment
+        eval_steps = readings * math.ceil(s["num_test"] / batch) * s["num_segments"] if e.at_end else 0
         total = o.max_steps or o.epochs * per_epoch
         return Schedule(per_epoch, total, batch * L, eval_steps, o.micro_batch_size * o.grad_accum,
                         f"{s['num_train']:,} generated training examples, {s['num_test']:,} test examples")

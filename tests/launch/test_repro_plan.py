@@ -295,6 +295,10 @@ def test_steps_match_the_training_streams():
     real = ExampleStreams(data, batch_size=4, segment_length=32, drop_last=True)
     assert ssched.steps_per_epoch == real.steps_per_epoch == 2 * 3
     assert ssched.eval_steps == 2 * 3  # 6 test examples in batches of 4, 3 segments each
+    both = load(RunConfig, None, ["data.corpus=sorting", "data.segment_length=32", "optim.micro_batch_size=4",
+                                  "data.sorting={num_segments: 3, num_train: 10, num_test: 6}",
+                                  "eval.protocols=[full, memoryless]"])
+    assert schedule(both, world_size=1).eval_steps == 2 * 2 * 3  # read twice: with and without the memory
 
 
 def test_cost_is_the_stated_formula():
