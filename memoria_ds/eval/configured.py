@@ -54,14 +54,16 @@ def evaluate_split(
     def output(name: str) -> str | None:
         return str(out_dir / f"{stem}_{name}.json") if out_dir is not None and rank == 0 else None
 
-    if data.corpus == "sorting":  # `memoryless` among the protocols: also read with the memory reset every segment
+    if data.corpus == "sorting":
         if memory_for is not None:
             raise ValueError("the sorting task starts every example from an empty memory: no starting memory")
+        # `memoryless` among the protocols: also read with the memory reset before every segment
+        readings = (False, True) if "memoryless" in evaluation.protocols else (False,)
         return [evaluate_sorting(
             model, corpus, segment_length=data.segment_length, batch_size=sorting_batch_size, model_name=label,
             split=evaluation.split, rank=rank, world_size=world_size, device=device, progress=False,
             output_path=output("sorting_memoryless" if bare else "sorting"), memoryless=bare,
-        ) for bare in (False, True)[: 1 + ("memoryless" in evaluation.protocols)]]
+        ) for bare in readings]
     results = []
     streams = evaluation.num_streams or world_size
     for name in evaluation.protocols:

@@ -30,7 +30,7 @@ from memoria_ds.data.reset import ResetPolicy
 ProtocolName = Literal["paper", "full", "memoryless", "custom"]
 
 
-_EVERY_SEGMENT = ResetPolicy(every_n_steps=1)
+EVERY_SEGMENT = ResetPolicy(every_n_steps=1)  # `memoryless`: nothing carried between segments
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class EvalProtocol:
         if self.name in ("full", "memoryless") and not self.score_segment_first:
             raise ValueError(f"the `{self.name}` protocol scores every token; use name='custom' to skip "
                              "segment-first tokens")
-        if self.name == "memoryless" and self.reset != _EVERY_SEGMENT:
+        if self.name == "memoryless" and self.reset != EVERY_SEGMENT:
             raise ValueError("the `memoryless` protocol resets the memory before every segment (`every:1`); "
                              "use name='custom' for another policy")
 
@@ -103,7 +103,7 @@ def full_protocol(
 
 def memoryless_protocol(segment_length: int = 150, num_streams: int = 1) -> EvalProtocol:
     """`full` with the memory reset before every segment: the model scored without its memory."""
-    return EvalProtocol("memoryless", segment_length, num_streams, _EVERY_SEGMENT, score_segment_first=True)
+    return EvalProtocol("memoryless", segment_length, num_streams, EVERY_SEGMENT, score_segment_first=True)
 
 
 PROTOCOL_NAMES = ("full", "paper", "memoryless")  # what a run configuration may name

@@ -20,13 +20,13 @@ import torch
 
 from memoria_ds.data.examples import ExampleStreams
 from memoria_ds.data.reset import ResetPolicy
+from memoria_ds.eval.protocols import EVERY_SEGMENT
 from memoria_ds.eval.result import EvalResult
 from memoria_ds.eval.scoring import all_reduce_sums, token_nll
 from memoria_ds.eval.scoring import dist_coordinates, evaluating, model_device
 from memoria_ds.data.segments import run_segments
 
 _EVERY_EXAMPLE = ResetPolicy(at_document_start=True)
-_EVERY_SEGMENT = ResetPolicy(every_n_steps=1)
 
 
 def evaluate_sorting(
@@ -68,7 +68,7 @@ def evaluate_sorting(
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # nll, scored, correct, input tokens
     start = time.perf_counter()
     label = "eval sorting" if progress and rank == 0 else None
-    reset = _EVERY_SEGMENT if memoryless else _EVERY_EXAMPLE
+    reset = EVERY_SEGMENT if memoryless else _EVERY_EXAMPLE
     with evaluating(model):
         for seg in run_segments(model, streams, reset=reset, device=device, progress=label):
             batch, logits = seg.batch, seg.logits
