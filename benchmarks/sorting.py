@@ -231,41 +231,35 @@ def main() -> None:
     print_table(results)
 
 
-def print_table(results: list[dict]) -> None:
-    """Accuracy and answer NLL per variant and segment count: mean ± half-range over seeds."""
+def spread(xs: list[float], fmt: str) -> str:
+    """Mean ± half-range of `xs`, each formatted with `fmt`."""
+    return f"{statistics.fmean(xs):{fmt}} ± {(max(xs) - min(xs)) / 2:{fmt}}"
+
+
+def print_grid(title: str, results: list[dict], cell) -> None:
+    """One line per variant, one column per segment count; `cell(runs)` formats the runs of one."""
     ks = sorted({r["segments"] for r in results})
-    variants = list(dict.fromkeys(r["variant"] for r in results))
-    print(f"\naccuracy / answer NLL, mean ± half-range over seeds (chance {CHANCE:.1%})")
+    print(f"\n{title}")
     print(f"{'variant':<24}" + "".join(f"{f'{k} segments':>40}" for k in ks))
-    for spec in variants:
-        cells = []
-        for k in ks:
-            rs = [r for r in results if r["variant"] == spec and r["segments"] == k]
-            if not rs:
-                cells.append("-")
-                continue
-            acc, nll = [r["accuracy"] for r in rs], [r["answer_nll"] for r in rs]
-            cells.append(f"{statistics.fmean(acc):.1%} ± {(max(acc) - min(acc)) / 2:.1%} / "
-                         f"{statistics.fmean(nll):.3f} ± {(max(nll) - min(nll)) / 2:.3f} (n={len(rs)})")  # fmt: skip
-        print(f"{spec:<24}" + "".join(f"{c:>40}" for c in cells))
+    for spec in dict.fromkeys(r["variant"] for r in results):
+        runs = [[r for r in results if r["variant"] == spec and r["segments"] == k] for k in ks]
+        print(f"{spec:<24}" + "".join(f"{cell(rs) if rs else '-':>40}" for rs in runs))
+
+
+def print_table(results: list[dict]) -> None:
+    """Accuracy and answer NLL per variant and segment count: mean ± half-range over seeds; then,
+    for runs that have it, the accuracy without memory and what the memory adds."""
+    print_grid(f"accuracy / answer NLL, mean ± half-range over seeds (chance {CHANCE:.1%})", results,
+               lambda rs: f"{spread([r['accuracy'] for r in rs], '.1%')} / "
+                          f"{spread([r['answer_nll'] for r in rs], '.3f')} (n={len(rs)})")  # fmt: skip
     memoryless = [r for r in results if "accuracy_memoryless" in r]  # (not in --json files of before 2026-11-26)
-    if not memoryless:
-        return
-    print("\naccuracy with the memory reset before every segment (the model sees only the answer's segment), and "
-          "what the memory adds: mean over seeds, in points")
-    print(f"{'variant':<24}" + "".join(f"{f'{k} segments':>40}" for k in ks))
-    for spec in variants:
-        cells = []
-        for k in ks:
-            rs = [r for r in memoryless if r["variant"] == spec and r["segments"] == k]
-            if not rs:
-                cells.append("-")
-                continue
-            bare = [r["accuracy_memoryless"] for r in rs]
-            added = [r["accuracy"] - r["accuracy_memoryless"] for r in rs]
-            cells.append(f"{statistics.fmean(bare):.1%} ± {(max(bare) - min(bare)) / 2:.1%}, memory "
-                         f"{100 * statistics.fmean(added):+.1f} (n={len(rs)})")  # fmt: skip
-        print(f"{spec:<24}" + "".join(f"{c:>40}" for c in cells))
+    if memoryless:
+        print_grid("accuracy with the memory reset before every segment (the model sees only the answer's segment), "
+                   "and what the memory adds: mean over seeds, in points", memoryless,
+                   lambda rs: f"{spread([r['accuracy_memoryless'] for r in rs], '.1%')}, memory "
+                              f"{100 * statistics.fmean(r['accuracy'] - r['accuracy_memoryless'] for r in rs):+.1f} "
+                              f"(n={len(rs)})")  # fmt: skip
+
 
 if __name__ == "__main__":
     main()

@@ -58,14 +58,19 @@ class MemoryGain:
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ppl_change": self.ppl_change}
 
+    def scalars(self) -> dict[str, float]:
+        """What the training log records (`eval_memory_gain`)."""
+        if self.accuracy_with is not None:
+            return {"nats_per_token": self.nats_per_token, "accuracy_without": self.accuracy_without,
+                    "accuracy_points": 100 * (self.accuracy_with - self.accuracy_without)}
+        return {"nats_per_token": self.nats_per_token, "ppl_without": self.ppl_without}
 
-def _role(result: dict) -> str | None:
+
+def _role(protocol: dict) -> str | None:
     """`with` (memory carried), `without` (reset before every segment) or None (another protocol)."""
-    protocol = result["protocol"] if isinstance(result["protocol"], dict) else {}
-    name = protocol.get("name")
-    if name == "sorting":
+    if protocol.get("name") == "sorting":
         return "without" if protocol.get("memoryless") else "with"
-    return {"full": "with", "memoryless": "without"}.get(name)
+    return {"full": "with", "memoryless": "without"}.get(protocol.get("name"))
 
 
 def memory_gain(results: Sequence[EvalResult | dict]) -> MemoryGain | None:
@@ -76,10 +81,8 @@ def memory_gain(results: Sequence[EvalResult | dict]) -> MemoryGain | None:
         ValueError: the two did not score the same tokens (different splits, stream counts or
             segment lengths), so their difference would not be the memory's.
     """
-    by_role = {}
-    for r in results:
-        r = r if isinstance(r, dict) else r.to_dict()
-        by_role[_role(r)] = r
+    dicts = [r if isinstance(r, dict) else r.to_dict() for r in results]
+    by_role = {_role(r["protocol"]): r for r in dicts}
     full, bare = by_role.get("with"), by_role.get("without")
     if full is None or bare is None:
         return None

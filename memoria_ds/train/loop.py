@@ -274,11 +274,7 @@ def evaluate(ctx: RunContext, state: RunState, writer: MetricsWriter, step: int)
         writer.message(f"eval step {step} {line}")
     gain = memory_gain(results)  # with `memoryless` beside `full`: what the memory is worth
     if gain is not None:
-        values = {"nats_per_token": gain.nats_per_token, "ppl_without": gain.ppl_without}
-        if gain.accuracy_with is not None:  # the sorting task
-            values = {"nats_per_token": gain.nats_per_token, "accuracy_without": gain.accuracy_without,
-                      "accuracy_points": 100 * (gain.accuracy_with - gain.accuracy_without)}
-        writer.log(step, values, kind="eval_memory_gain")
+        writer.log(step, gain.scalars(), kind="eval_memory_gain")
         writer.message(f"eval step {step} {gain.describe()}")
     state.engine.train()
     return results

@@ -54,6 +54,7 @@ def test_the_gain_is_the_difference_of_the_two_protocols() -> None:
     assert gain.ppl_with == full.ppl and gain.ppl_without == bare.ppl and gain.scored_tokens == t.size - 1
     assert gain.ppl_change == pytest.approx(full.ppl / bare.ppl - 1, rel=1e-9)
     assert memory_gain([bare.to_dict(), full.to_dict()]) == gain  # from the results' JSON dicts too
+    assert gain.scalars() == {"nats_per_token": gain.nats_per_token, "ppl_without": bare.ppl}
     assert gain.describe().startswith(f"memory gain test: {gain.nats_per_token:+.4f} nats/token (ppl ")
     assert memory_gain([full]) is None and memory_gain([bare]) is None
 

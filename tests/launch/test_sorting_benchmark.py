@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from bench_util import ROOT, load_benchmark
+
 from memoria_ds.data.sorting import generate_sorting, input_length_for
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location("sorting_benchmark", ROOT / "benchmarks" / "sorting.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # it imports real_text's optimiser
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return module
 
 
 def slow_oracle(rows, segment: int, k: int) -> float:
@@ -48,7 +35,7 @@ def slow_oracle(rows, segment: int, k: int) -> float:
 
 def test_chance_is_the_permutation_guess():
     """A guesser that knows only that the answer is a permutation, simulated, scores CHANCE."""
-    bench = load_benchmark()
+    bench = load_benchmark("sorting.py", "sorting_benchmark")
     rng = np.random.default_rng(0)
     correct = trials = 0
     for _ in range(4000):
@@ -62,7 +49,7 @@ def test_chance_is_the_permutation_guess():
 
 
 def test_oracle_matches_hand_counting_and_the_full_view_is_exact():
-    bench = load_benchmark()
+    bench = load_benchmark("sorting.py", "sorting_benchmark")
     segment, k_segments = 16, 4
     rows = generate_sorting(40, input_length_for(k_segments, segment), seed=3, split="test")
     seen = bench.oracle(rows, segment)
