@@ -1,24 +1,26 @@
 """The GPU acceptance check: one command, offline, one report (markdown + JSON).
 
-    bash launch/gpu_check.sh                 # on any CUDA machine; sized for < 10 min on one H100
+    bash launch/gpu_check.sh                 # on any CUDA machine; ~20 min on one H200 (see --only)
     bash launch/gpu_check.sh --dry-run       # anywhere: validate every run and DeepSpeed config it would use
     bash launch/gpu_check.sh --tiny          # anywhere: the whole check at tiny shapes (CPU is fine)
 
-What it runs, each part timed and recorded (`--only` picks parts):
+What it runs, each part timed and recorded (`--only` picks parts; the seconds are what each
+took on one H200 on 2026-11-26, compilation failures included; a lease of 15 minutes holds
+`--only memory,model` or `--only train`, not both):
 
     tests      `pytest -m gpu`
     memory     the memory-engine step alone, B=4 and B=8, eager and as CUDA graphs
-               (benchmarks/memory_step.py --compile reduce-overhead)
+               (benchmarks/memory_step.py --compile reduce-overhead)                  ~2 min
     model      fwd+bwd of plain / xl / Memoria (also with its engine as CUDA graphs) at the
                `gpt2` and `gpt2-large` shapes, bf16 (benchmarks/model_step.py); at the `gpt2`
-               shape also plain and Memoria each whole as CUDA graphs (`+model_cudagraphs`)
+               shape also plain and Memoria each whole as CUDA graphs (`+model_cudagraphs`)   ~4 min
     train      the design-card command, `deepspeed launch/finetune.py --deepspeed
                ds_configs/zero2.json`, bf16, `gpt2-large` shape from scratch, Memoria beside
-               the plain backbone (tokens/s, peak GPU memory), a checkpoint mid-way; then the
-               Memoria run killed after a later step and resumed with `--resume auto`: its
-               losses are compared with the uninterrupted run's (bit-identical or not); and
-               both models again with `model.compile=reduce-overhead` (the whole step as
-               CUDA graphs; tokens/s beside the eager runs)
+               the plain backbone (tokens/s, peak GPU memory); both again with
+               `model.compile=reduce-overhead` (the whole step as CUDA graphs); then Memoria
+               killed after a later step and resumed with `--resume auto` from a mid-way
+               checkpoint, its losses compared with the uninterrupted run's (bit-identical
+               or not). Six launches of ~1.5 min each                                      ~9 min
     lora       ZeRO-3 + LoRA at the `gpt2-xl` shape (a local backbone built from its config:
                no hub), Memoria beside plain, with the adapter exported and checked non-empty
 
@@ -65,7 +67,7 @@ SCALES = {
                  precision="bf16", memoria="{memoria: {num_wm: 4, num_stm_reminded: 4, num_ltm_reminded: 4, "
                                            "stm_capacity: 16, search_depth: 2}}"),
 }
-PRESETS = ("memoria", "transformer")
+PRESETS = ("transformer", "memoria")  # the baseline first: a check cut short still has it
 
 
 def model_settings(scale: dict, preset: str, base: str = "{}") -> str:
@@ -103,6 +105,7 @@ class Check:
         self.a, self.s = a, SCALES["tiny" if a.tiny else "gpu"]
         self.out = Path(a.out).resolve()
         self.cuda = not a.tiny
+        self.t0 = time.time()
         self.report: dict = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "scale":
                              "tiny" if a.tiny else "gpu", "machine": machine(), "parts": {}, "failures": []}
         self.env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
@@ -137,9 +140,11 @@ class Check:
     def launch(self, name: str, args: list[str], fault: str | None = None) -> subprocess.CompletedProcess:
         """`deepspeed --num_gpus 1 launch/finetune.py ARGS`; `fault` kills it on purpose (faults.py)."""
         launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
-        return self.sh(name, [launcher, "--num_gpus", "1", "--master_port", str(_free_port()), "launch/finetune.py",
+        proc = self.sh(name, [launcher, "--num_gpus", "1", "--master_port", str(_free_port()), "launch/finetune.py",
                               *args], expect=EXIT_CODE if fault else 0,
                        env=dict(self.env, MEMORIA_DS_FAULT=fault) if fault else None)
+        self.write()  # each training run is minutes: keep what is known if the check is cut short
+        return proc
 
     @staticmethod
     def train_figures(run_dir: Path) -> dict:
@@ -168,6 +173,10 @@ class Check:
                 out[f"B={b}"] = {"ms_per_step": runs["ours"][0]["median_step_ms_second_half"]}
                 if "compiled" in runs:  # the engine as CUDA graphs (memory_compile)
                     out[f"B={b}"]["compiled_ms_per_step"] = runs["compiled"][0]["median_step_ms_second_half"]
+                    why = runs["compiled"][0].get("fell_back")
+                    if why:  # then the "compiled" figure is the eager engine's: say so
+                        out[f"B={b}"]["compiled_fell_back"] = why
+                        self.report["failures"].append(f"memory_b{b}: the engine could not be compiled: {why}")
         return out
 
     def model(self) -> dict:
@@ -183,54 +192,65 @@ class Check:
                                        "--variants", "transformer,xl,memoria,memoria_full_width"
                                        + (",memoria+cudagraphs" if self.s["compiled"] else "") + whole,
                                        "--json", str(path)])
-            if path.exists():
+            if path.exists():  # written also when a variant failed (model_step.py leaves it out, exits 1)
+                data = json.loads(path.read_text())
                 out[shape] = {r["variant"]: {"ms": 1e3 * r["step_s"], "ratio": r["ratio"],
                                              "peak_mib": r.get("peak_mb"), "ratio_same_mode": r.get("ratio_same_mode")}
-                              for r in json.loads(path.read_text())["results"]}
+                              for r in data["results"]}
+                self.report["failures"] += [f"model_{shape}: variant {n}: {why}" for n, why in
+                                            data.get("failed", {}).items()]
         return out
 
     def train(self) -> dict:
-        s, out = self.s, {}
+        """In order of value, so that a check cut short keeps the most: the eager pair
+        (tokens/s), the compiled pair, then Memoria killed and resumed."""
+        s, out = self.s, self.report["parts"].setdefault("train", {})  # filled as runs finish (see launch)
         common = [f"model.backbone={s['train_backbone']}", "model.from_scratch=true",
-                  f"optim.micro_batch_size={s['micro']}", f"optim.max_steps={s['steps']}",
-                  f"checkpoint.every={s['ckpt']}"]
-        for preset in PRESETS:
-            settings = model_settings(s, preset, s["train_settings"])
+                  f"optim.micro_batch_size={s['micro']}", f"optim.max_steps={s['steps']}"]
+
+        def settings(preset: str) -> str:
+            return f"model.settings={model_settings(s, preset, s['train_settings'])}"
+
+        for preset in PRESETS:  # Memoria checkpoints as the killed run does: the resume is compared with it
             run = self.out / f"train_{preset}"
             shutil.rmtree(run, ignore_errors=True)
-            args = self.finetune_args(run, preset, s["zero2"], *common, f"model.settings={settings}")
+            every = s["ckpt"] if preset == "memoria" else 0
+            args = self.finetune_args(run, preset, s["zero2"], *common, f"checkpoint.every={every}", settings(preset))
             if self.launch(f"train_{preset}", args).returncode == 0:
                 out[preset] = self.train_figures(run)
-            if preset == "memoria":  # kill after a later step, resume from the mid-way checkpoint
-                killed = self.out / "train_memoria_resumed"
-                shutil.rmtree(killed, ignore_errors=True)
-                args = self.finetune_args(killed, preset, s["zero2"], *common, f"model.settings={settings}")
-                self.launch("train_memoria_killed", args, fault=f"kill_after_step:{s['kill']}")
-                self.launch("train_memoria_resume", [*args, "--resume", "auto"])
-                if (killed / "metrics.jsonl").exists() and preset in out:
-                    mine = self.train_figures(killed)["losses"]
-                    whole = out[preset]["losses"]
-                    after = [k for k in range(s["ckpt"] + 1, s["steps"] + 1)]
-                    diffs = [abs(mine[k] - whole[k]) for k in after if k in mine and k in whole]
-                    out["resume"] = {"compared_steps": f"{after[0]}-{after[-1]}", "steps_compared": len(diffs),
-                                     "bit_identical": len(diffs) == len(after) and max(diffs) == 0.0,
-                                     "max_abs_loss_diff": max(diffs) if diffs else None}
+            drop_checkpoints(run)  # ~11 GB each at `gpt2-large`: a 64 GB disk holds few
         if s["compiled"]:  # the whole step compiled, through the same loop (ZeRO-2 supports it)
             for preset in PRESETS:
                 run = self.out / f"train_{preset}_compiled"
                 shutil.rmtree(run, ignore_errors=True)
-                args = self.finetune_args(run, preset, s["zero2"], *common, "checkpoint.every=0",
-                                          f"model.settings={model_settings(s, preset, s['train_settings'])}",
+                args = self.finetune_args(run, preset, s["zero2"], *common, "checkpoint.every=0", settings(preset),
                                           f"model.compile={s['compiled']}")
                 if self.launch(f"train_{preset}_compiled", args).returncode == 0:
                     out[f"{preset}_compiled"] = self.train_figures(run)
+                drop_checkpoints(run)
+        # Memoria killed after a later step, resumed from the mid-way checkpoint
+        killed = self.out / "train_memoria_resumed"
+        shutil.rmtree(killed, ignore_errors=True)
+        args = self.finetune_args(killed, "memoria", s["zero2"], *common, f"checkpoint.every={s['ckpt']}",
+                                  settings("memoria"))
+        self.launch("train_memoria_killed", args, fault=f"kill_after_step:{s['kill']}")
+        self.launch("train_memoria_resume", [*args, "--resume", "auto"])
+        if (killed / "metrics.jsonl").exists() and "memoria" in out:
+            mine = self.train_figures(killed)["losses"]
+            whole = out["memoria"]["losses"]
+            after = [k for k in range(s["ckpt"] + 1, s["steps"] + 1)]
+            diffs = [abs(mine[k] - whole[k]) for k in after if k in mine and k in whole]
+            out["resume"] = {"compared_steps": f"{after[0]}-{after[-1]}", "steps_compared": len(diffs),
+                             "bit_identical": len(diffs) == len(after) and max(diffs) == 0.0,
+                             "max_abs_loss_diff": max(diffs) if diffs else None}
+        drop_checkpoints(killed)
         return out
 
     def lora(self) -> dict:
         import torch
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        s, out = self.s, {}
+        s, out = self.s, self.report["parts"].setdefault("lora", {})
         backbone = self.out / "lora_backbone"
         if not (backbone / "config.json").exists():
             device = "cuda" if self.cuda else "cpu"
@@ -256,7 +276,6 @@ class Check:
     # ------------------------------------------------------------------ whole
     def run(self) -> int:
         self.out.mkdir(parents=True, exist_ok=True)
-        t0 = time.time()
         for part in self.a.only:
             t = time.time()
             print(f"\n== {part}", flush=True)
@@ -266,14 +285,22 @@ class Check:
                 self.report["failures"].append(f"{part}: {type(e).__name__}: {e}")
                 self.report["parts"][part] = {}
             self.report["parts"][part]["seconds"] = round(time.time() - t, 1)
-        self.report["seconds"] = round(time.time() - t0, 1)
-        (self.out / "report.json").write_text(json.dumps(self.report, indent=1))
-        (self.out / "report.md").write_text(markdown(self.report))
+            self.write()  # after every part: a check cut short keeps the figures of the parts it finished
         print(f"\nreport: {self.out / 'report.md'} ({self.report['seconds']:.0f} s); "
               f"failures: {len(self.report['failures'])}")
         for f in self.report["failures"]:
             print(f"  - {f}")
         return 1 if self.report["failures"] else 0
+
+    def write(self) -> None:
+        self.report["seconds"] = round(time.time() - self.t0, 1)
+        (self.out / "report.json").write_text(json.dumps(self.report, indent=1))
+        (self.out / "report.md").write_text(markdown(self.report))
+
+
+def drop_checkpoints(run: Path) -> None:
+    """Remove a finished run's checkpoints (its metrics and summary stay)."""
+    shutil.rmtree(run / "checkpoints", ignore_errors=True)
 
 
 def adapter_facts(path: Path) -> dict:
@@ -314,13 +341,14 @@ def markdown(r: dict) -> str:
         lines += ["## Memory engine step alone (paper sizes)", "", "| batch | ms/step, eager | ms/step, compiled |",
                   "|---|---|---|"]
         lines += [f"| {k} | {v['ms_per_step']:.2f} | "
-                  + (f"{v['compiled_ms_per_step']:.2f}" if "compiled_ms_per_step" in v else "-") + " |"
+                  + (f"{v['compiled_ms_per_step']:.2f}" if "compiled_ms_per_step" in v else "-")
+                  + (" (compilation failed: eager)" if "compiled_fell_back" in v else "") + " |"
                   for k, v in p["memory"].items() if k != "seconds"]
         lines.append("")
     for shape, rows in ((k, v) for k, v in p.get("model", {}).items() if k != "seconds"):
         lines += [f"## fwd+bwd at the `{shape}` shape, bf16", "",
                   "| variant | ms | ratio | peak MiB | vs plain, same mode |", "|---|---|---|---|---|"]
-        lines += [f"| {n} | {v['ms']:.1f} | {v['ratio']:.3f} | {v['peak_mib'] or '-'} | "
+        lines += [f"| {n} | {v['ms']:.1f} | {v['ratio']:.3f} | {'-' if v['peak_mib'] is None else format(v['peak_mib'], '.0f')} | "
                   f"{'-' if v.get('ratio_same_mode') is None else format(v['ratio_same_mode'], '.3f')} |"
                   for n, v in rows.items()]
         lines.append("")

@@ -217,6 +217,8 @@ def main() -> None:
             print(f"round {r + 1} {res['impl']:>16}: {res['median_step_ms_second_half']:9.2f} ms/step "
                   f"(first half {res['median_step_ms_first_half']:.2f}), peak RSS {res['peak_rss_mb']:.0f} MB, "
                   f"engrams/row {res['engrams_per_row_end']:.0f}", flush=True)
+            if res.get("fell_back"):
+                print(f"  the engine could not be compiled and ran eagerly: {res['fell_back']}", flush=True)
 
     def best(impl: str, key: str) -> float:
         return min(x[key] for x in runs[impl])

@@ -328,10 +328,19 @@ def main() -> None:
             with open(a.json, "w") as f:
                 json.dump({"args": vars(a), "flops": counts}, f, indent=2)
         return
-    runners = [Runner(n, a) for n in names]
-    for r in runners:
-        for _ in range(max(a.warmup, 3) if model_compile_mode(r.name)[1] else a.warmup):
-            r.step(timed=False)
+    runners, failed = [], {}
+    for n in names:  # a variant that fails to build or compile is left out; the others are still measured
+        try:
+            r = Runner(n, a)
+            for _ in range(max(a.warmup, 3) if model_compile_mode(n)[1] else a.warmup):
+                r.step(timed=False)
+        except Exception as e:
+            if n == names[0]:
+                raise
+            failed[n] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+            print(f"variant {n} failed and is left out: {failed[n]}", file=sys.stderr, flush=True)
+            continue
+        runners.append(r)
     peak = {}
     for i in range(a.rounds):
         for r in runners:
@@ -383,10 +392,13 @@ def main() -> None:
             line += f"   vs plain, same mode: {med / key(plain):.3f}"
         print(line)
         rows.append(row)
+    for n, why in failed.items():
+        print(f"{n:<20}failed: {why}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"args": vars(a), "results": rows}, f, indent=2)
+            json.dump({"args": vars(a), "results": rows, "failed": failed}, f, indent=2)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

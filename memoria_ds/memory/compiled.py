@@ -34,6 +34,30 @@ from .stats import MemoryStats
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+# the modes that capture CUDA graphs on a GPU
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def _static_addresses(state: MemoryState) -> None:
+    """Mark the state's tensors as inputs whose addresses do not change between calls.
+
+    The steps update the state in place. CUDA graph trees capture a graph that mutates an
+    input only if that input keeps its address (as parameters and buffers do); an unmarked
+    mutated input makes inductor skip the graph ("skipping cudagraphs due to mutated
+    inputs", seen on an H200 on 2026-11-26). A state replaced by another (a new memory)
+    re-records the graph, it does not recompile it. On CPU this changes nothing.
+    """
+    for t in [*state.tensors().values(), *state.scratch.values()]:  # scratch buffers are written in place too
+        torch._dynamo.mark_static_address(t)
+
+
+def _gist(message: str) -> str:
+    """A compiler's error in one line: its first and last lines (Triton and inductor's
+    subprocesses put the cause last: "... atomic_add does not support int16")."""
+    lines = [x.strip() for x in message.strip().splitlines() if x.strip()]
+    return "" if not lines else lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+
+
 @functools.cache
 def _compiled(fn: Callable, mode: str) -> Callable:
     # one compiled function per (step, mode) in the process: every model shares its graphs
@@ -63,17 +87,19 @@ class MemoryEngine:
         with torch.autocast(state.device.type, enabled=False):
             return self._call(fn, state, *args)
 
-    def _call(self, fn: Callable, *args):
+    def _call(self, fn: Callable, state: MemoryState, *args):
         if not self.compiled:
-            return fn(*args)
+            return fn(state, *args)
+        if self.mode in CUDAGRAPH_MODES:
+            _static_addresses(state)
         try:
-            return _compiled(fn, self.mode)(*args)
+            return _compiled(fn, self.mode)(state, *args)
         except torch._dynamo.exc.TorchDynamoException as e:  # compilation, not the step, failed
             cause = getattr(e, "inner_exception", None) or e  # a backend's own error, if it raised one
-            self.fell_back = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0]}"
+            self.fell_back = f"{type(cause).__name__}: {_gist(str(cause))}"
             warnings.warn(f"the memory engine could not be compiled ({self.fell_back[:300]}); running it eagerly",
                           RuntimeWarning, stacklevel=3)
-            return fn(*args)
+            return fn(state, *args)
 
     def remind(self, state: MemoryState, wm: torch.Tensor, config: MemoriaConfig) -> Retrieval:
         """`memoria_ds.memory.remind`, compiled if asked."""
@@ -87,4 +113,4 @@ class MemoryEngine:
         return self._run(memorize, state, retrieval, weights, config)
 
 
-__all__ = ["COMPILE_MODES", "MemoryEngine"]
+__all__ = ["COMPILE_MODES", "CUDAGRAPH_MODES", "MemoryEngine"]

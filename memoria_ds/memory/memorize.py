@@ -24,22 +24,30 @@ from .stats import MemoryStats, collect, reminded_ltm_age
 def _add_pair_counts(counts: Tensor, active: Tensor) -> None:
     """counts[b, i, j] += 1 for every ordered pair of real slots in `active` (B, A).
 
-    A step's real pairs are distinct; padding pairs (clamped to slot 0) add 0, so the
-    accumulate is exact and order-free (deterministic on every device). Saturation:
-    `counts[i, j] <= counts[i, i]` always holds, so a row whose diagonal is below the
-    dtype's maximum cannot overflow; a row whose diagonal has reached it (an engram that
-    fired 32,767 times, with int16) keeps its counts from then on.
+    No atomic adds: every position of the pairs' index is read, incremented and written
+    back (`index_copy_`). A step's real pairs are distinct; a padding entry is clamped to
+    slot 0 and so names slot 0's pairs, and it adds exactly what the real pair at the same
+    position adds (1 if slot 0 is active, else 0): every write to one position writes the
+    same value, so duplicates cannot race and the result is exact on every device. (GPU
+    compilers have no atomic add for int16: Triton refuses one, which is what an
+    `index_add_` of int16 counts compiles to.) Saturation: `counts[i, j] <= counts[i, i]`
+    always holds, so a row whose diagonal is below the dtype's maximum cannot overflow; a
+    row whose diagonal has reached it (an engram that fired 32,767 times, with int16)
+    keeps its counts from then on.
     """
     B, C, _ = counts.shape
-    real = active >= 0
     a = active.clamp(min=0)
+    real = active >= 0
+    # is the slot each entry names an active engram? (padding names slot 0)
+    named = real | (real & (a == 0)).any(dim=1, keepdim=True)  # (B, A)
     base = torch.arange(B, device=counts.device)[:, None] * (C * C)  # (B, 1)
     row_start = base + a * C  # (B, A) flat position of counts[b, a, 0]
-    diagonal = counts.view(-1).index_select(0, (row_start + a).reshape(-1)).view(a.shape)  # (B, A)
+    flat = counts.view(-1)
+    diagonal = flat.index_select(0, (row_start + a).reshape(-1)).view(a.shape)  # (B, A)
     room = diagonal < torch.iinfo(counts.dtype).max
     pairs = (row_start[:, :, None] + a[:, None, :]).reshape(-1)  # (B*A*A,)
-    ones = ((real & room)[:, :, None] & real[:, None, :]).reshape(-1).to(counts.dtype)
-    counts.view(-1).index_add_(0, pairs, ones)
+    add = ((named & room)[:, :, None] & named[:, None, :]).reshape(-1).to(counts.dtype)
+    flat.index_copy_(0, pairs, flat.index_select(0, pairs) + add)
 
 
 @torch.no_grad()

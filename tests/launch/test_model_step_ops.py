@@ -29,3 +29,28 @@ def test_views_are_metadata_and_kernels_are_not():
     for name in ("clone", "mm", "gt", "where", "sum"):
         assert got[name] is False, name
     assert y.shape == (3, 8) and z.dim() == 0
+
+
+def test_a_variant_that_fails_is_left_out_and_the_others_are_measured(monkeypatch, tmp_path, capsys):
+    # on an H200 one compiled variant's failure (a Triton compile error) lost the whole
+    # `gpt2` table: the failure is now reported beside the others' figures, exit status 1
+    import json
+    import sys
+
+    bench = load_benchmark("model_step.py", "model_step_bench_failing")
+    real_step = bench.Runner.step
+
+    def step(self, timed):
+        if self.name == "xl":
+            raise RuntimeError("atomic_add does not support int16\nmore lines")
+        return real_step(self, timed)
+
+    monkeypatch.setattr(bench.Runner, "step", step)
+    out = tmp_path / "steps.json"
+    monkeypatch.setattr(sys, "argv", ["model_step.py", "--shape", "small", "--segment", "8", "--rounds", "1",
+                                      "--warmup", "1", "--variants", "transformer,xl,memoria", "--json", str(out)])
+    assert bench.main() == 1
+    data = json.loads(out.read_text())
+    assert [r["variant"] for r in data["results"]] == ["transformer", "memoria"]
+    assert data["failed"] == {"xl": "RuntimeError: atomic_add does not support int16"}
+    assert "xl                  failed: RuntimeError" in capsys.readouterr().out

@@ -94,3 +94,25 @@ def test_an_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="memory compile mode must be None or one of"):
         MemoryEngine("fast")
     assert "reduce-overhead" in COMPILE_MODES
+
+
+def test_a_cudagraph_mode_marks_the_state_it_updates_in_place_as_static():
+    # CUDA graph trees skip a graph that mutates an input unless the input's address is
+    # static (seen on an H200: "skipping cudagraphs due to mutated inputs"); on CPU the mark
+    # is all that can be checked, and the steps must still match eager
+    state = MemoryState.empty(CFG, 2, 8)
+    reference = state.clone()
+    engine, eager = MemoryEngine("reduce-overhead"), MemoryEngine()
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        wm, weights = torch.randn(2, CFG.num_wm, 8, generator=gen), torch.rand(2, CFG.num_reminded, generator=gen)
+        engine.memorize(state, engine.remind(state, wm, CFG), weights, CFG)
+        eager.memorize(reference, eager.remind(reference, wm, CFG), weights, CFG)
+    assert engine.compiled
+    marked = [n for n, t in state.tensors().items() if getattr(t, "_dynamo_static_input_type", None)]
+    assert sorted(marked) == sorted(state.tensors()), f"not marked static: {set(state.tensors()) - set(marked)}"
+    assert all(getattr(t, "_dynamo_static_input_type", None) for t in state.scratch.values())
+    _assert_same(reference, state, "state after compiled steps")
+    plain = MemoryState.empty(CFG, 2, 8)
+    MemoryEngine("default").remind(plain, torch.randn(2, CFG.num_wm, 8), CFG)
+    assert not any(getattr(t, "_dynamo_static_input_type", None) for t in plain.tensors().values())
