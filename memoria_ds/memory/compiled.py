@@ -38,16 +38,20 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
-def _static_addresses(state: MemoryState) -> None:
-    """Mark the state's tensors as inputs whose addresses do not change between calls.
+def static_addresses(state: MemoryState, *others: torch.Tensor) -> None:
+    """Mark the state's tensors (and `others`) as inputs whose addresses do not change.
 
-    The steps update the state in place. CUDA graph trees capture a graph that mutates an
-    input only if that input keeps its address (as parameters and buffers do); an unmarked
-    mutated input makes inductor skip the graph ("skipping cudagraphs due to mutated
-    inputs", seen on an H200 on 2026-11-26). A state replaced by another (a new memory)
-    re-records the graph, it does not recompile it. On CPU this changes nothing.
+    The memory steps update the state in place. CUDA graph trees capture a graph that
+    mutates an input only if that input keeps its address (as parameters and buffers do);
+    an unmarked mutated input makes inductor skip the graph ("skipping cudagraphs due to
+    mutated inputs", seen on an H200 on 2026-11-26). A state replaced by another (a new
+    memory) re-records the graph; it does not recompile it. Outside a CUDA graph mode the
+    mark changes nothing; inside a traced region it is left out (the tensors are the
+    graph's own there).
     """
-    for t in [*state.tensors().values(), *state.scratch.values()]:  # scratch buffers are written in place too
+    if torch.compiler.is_compiling():
+        return
+    for t in [*state.tensors().values(), *state.scratch.values(), *others]:  # scratch is written in place too
         torch._dynamo.mark_static_address(t)
 
 
@@ -91,7 +95,7 @@ class MemoryEngine:
         if not self.compiled:
             return fn(state, *args)
         if self.mode in CUDAGRAPH_MODES:
-            _static_addresses(state)
+            static_addresses(state)
         try:
             return _compiled(fn, self.mode)(state, *args)
         except torch._dynamo.exc.TorchDynamoException as e:  # compilation, not the step, failed
@@ -113,4 +117,4 @@ class MemoryEngine:
         return self._run(memorize, state, retrieval, weights, config)
 
 
-__all__ = ["COMPILE_MODES", "CUDAGRAPH_MODES", "MemoryEngine"]
+__all__ = ["COMPILE_MODES", "CUDAGRAPH_MODES", "MemoryEngine", "static_addresses"]

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ...memory import MemoriaConfig, MemoryEngine, MemoryState, MemoryStats, Retrieval
+from ...memory.compiled import static_addresses
 from ...memory.state import digest_multipliers
 from ...rows import BatchRows, rows_field
 from ..memory_attention import MemoryInputs
@@ -58,7 +59,13 @@ class MemoriaMemory(BatchRows):
             prev_hidden=torch.zeros(batch_size, 1, dim, device=device),
             prev_mask=torch.zeros(batch_size, 1, dtype=torch.bool, device=device),
             state=MemoryState.empty(config, batch_size, dim, device=device),
-        )
+        )._static()
+
+    def _static(self) -> MemoriaMemory:
+        # updated in place by every step: a whole model compiled as CUDA graphs captures those
+        # updates only for inputs at static addresses (memoria_ds.memory.compiled)
+        static_addresses(self.state, self.prev_hidden, self.prev_mask)
+        return self
 
     @property
     def has_previous(self) -> Tensor:
@@ -97,7 +104,7 @@ class MemoriaMemory(BatchRows):
                 f"inconsistent memoria memory: prev_hidden {tuple(hidden.shape)}, prev_mask {tuple(mask.shape)}, "
                 f"engine state of {state.batch_size} rows x width {state.dim}"
             )
-        return cls(hidden, mask, state)
+        return cls(hidden, mask, state)._static()
 
 
 @dataclass
