@@ -116,3 +116,27 @@ def test_a_cudagraph_mode_marks_the_state_it_updates_in_place_as_static():
     plain = MemoryState.empty(CFG, 2, 8)
     MemoryEngine("default").remind(plain, torch.randn(2, CFG.num_wm, 8), CFG)
     assert not any(getattr(t, "_dynamo_static_input_type", None) for t in plain.tensors().values())
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_engine_compiles_and_its_graphs_are_captured():
+    # the H200 check of 2026-11-26 found both missing: Triton refused the int16 atomic adds
+    # of the counts (the engine fell back to eager) and inductor skipped the CUDA graphs
+    # of the in-place updates ("mutated inputs")
+    skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+    B, D = 3, 16
+    state = MemoryState.empty(CFG, B, D, device="cuda")
+    reference = state.clone()
+    engine, eager = MemoryEngine("reduce-overhead"), MemoryEngine()
+    gen = torch.Generator().manual_seed(0)
+    for step in range(10):
+        wm = torch.randn(B, CFG.num_wm, D, generator=gen).cuda()
+        weights = torch.rand(B, CFG.num_reminded, generator=gen).cuda()
+        r_eager = eager.remind(reference, wm, CFG)
+        r = engine.remind(state, wm.clone(), CFG)
+        _assert_same(r_eager, r, f"step {step} retrieval")
+        eager.memorize(reference, r_eager, weights, CFG)
+        engine.memorize(state, r, weights.clone(), CFG)
+        _assert_same(reference, state, f"step {step} state")
+    assert engine.compiled, f"fell back to eager: {engine.fell_back}"
+    assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == skips, "CUDA graphs were skipped"
