@@ -283,7 +283,7 @@ class Check:
                 self.report["parts"][part] = getattr(self, part)()
             except Exception as e:  # one broken part must not lose the others' figures
                 self.report["failures"].append(f"{part}: {type(e).__name__}: {e}")
-                self.report["parts"][part] = {}
+                self.report["parts"].setdefault(part, {})  # what a part recorded before it broke stays
             self.report["parts"][part]["seconds"] = round(time.time() - t, 1)
             self.write()  # after every part: a check cut short keeps the figures of the parts it finished
         print(f"\nreport: {self.out / 'report.md'} ({self.report['seconds']:.0f} s); "
@@ -329,6 +329,10 @@ def machine() -> dict:
     return info
 
 
+def _num(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
 def markdown(r: dict) -> str:
     m, p = r["machine"], r["parts"]
     lines = [f"# GPU acceptance check ({r['scale']} scale), {r['date']}", "",
@@ -348,9 +352,8 @@ def markdown(r: dict) -> str:
     for shape, rows in ((k, v) for k, v in p.get("model", {}).items() if k != "seconds"):
         lines += [f"## fwd+bwd at the `{shape}` shape, bf16", "",
                   "| variant | ms | ratio | peak MiB | vs plain, same mode |", "|---|---|---|---|---|"]
-        lines += [f"| {n} | {v['ms']:.1f} | {v['ratio']:.3f} | {'-' if v['peak_mib'] is None else format(v['peak_mib'], '.0f')} | "
-                  f"{'-' if v.get('ratio_same_mode') is None else format(v['ratio_same_mode'], '.3f')} |"
-                  for n, v in rows.items()]
+        lines += [f"| {n} | {v['ms']:.1f} | {v['ratio']:.3f} | {_num(v['peak_mib'], '.0f')} | "
+                  f"{_num(v.get('ratio_same_mode'), '.3f')} |" for n, v in rows.items()]
         lines.append("")
     for part, title in (("train", "Design-card training (ZeRO-2)"), ("lora", "ZeRO-3 + LoRA")):
         runs = {k: v for k, v in p.get(part, {}).items() if k.removesuffix("_compiled") in PRESETS}
