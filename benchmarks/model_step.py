@@ -67,6 +67,7 @@ import torch
 from transformers import GPT2Config
 
 from memoria_ds.memory import memorize, remind
+from memoria_ds.memory.compiled import error_gist
 from memoria_ds.model import build_model
 
 SHAPES = {
@@ -337,7 +338,7 @@ def main() -> None:
         except Exception as e:
             if n == names[0]:
                 raise
-            failed[n] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+            failed[n] = f"{type(e).__name__}: {error_gist(str(e))[:300]}"
             print(f"variant {n} failed and is left out: {failed[n]}", file=sys.stderr, flush=True)
             continue
         runners.append(r)

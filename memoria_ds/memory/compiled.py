@@ -55,7 +55,7 @@ def static_addresses(state: MemoryState, *others: torch.Tensor) -> None:
         torch._dynamo.mark_static_address(t)
 
 
-def _gist(message: str) -> str:
+def error_gist(message: str) -> str:
     """A compiler's error in one line: its first and last lines (Triton and inductor's
     subprocesses put the cause last: "... atomic_add does not support int16")."""
     lines = [x.strip() for x in message.strip().splitlines() if x.strip()]
@@ -100,7 +100,7 @@ class MemoryEngine:
             return _compiled(fn, self.mode)(state, *args)
         except torch._dynamo.exc.TorchDynamoException as e:  # compilation, not the step, failed
             cause = getattr(e, "inner_exception", None) or e  # a backend's own error, if it raised one
-            self.fell_back = f"{type(cause).__name__}: {_gist(str(cause))}"
+            self.fell_back = f"{type(cause).__name__}: {error_gist(str(cause))}"
             warnings.warn(f"the memory engine could not be compiled ({self.fell_back[:300]}); running it eagerly",
                           RuntimeWarning, stacklevel=3)
             return fn(state, *args)
@@ -117,4 +117,4 @@ class MemoryEngine:
         return self._run(memorize, state, retrieval, weights, config)
 
 
-__all__ = ["COMPILE_MODES", "CUDAGRAPH_MODES", "MemoryEngine", "static_addresses"]
+__all__ = ["COMPILE_MODES", "CUDAGRAPH_MODES", "MemoryEngine", "error_gist", "static_addresses"]

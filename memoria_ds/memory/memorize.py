@@ -39,7 +39,7 @@ def _add_pair_counts(counts: Tensor, active: Tensor) -> None:
     a = active.clamp(min=0)
     real = active >= 0
     # is the slot each entry names an active engram? (padding names slot 0)
-    named = real | (real & (a == 0)).any(dim=1, keepdim=True)  # (B, A)
+    named = real | (active == 0).any(dim=1, keepdim=True)  # (B, A)
     base = torch.arange(B, device=counts.device)[:, None] * (C * C)  # (B, 1)
     row_start = base + a * C  # (B, A) flat position of counts[b, a, 0]
     flat = counts.view(-1)
