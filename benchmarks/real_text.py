@@ -433,7 +433,7 @@ def summary(results: list[dict], baseline: str = "transformer") -> str:
     buckets = position_buckets(len(results[0]["nll_by_segment"]))
     n_buckets = len(buckets)
     lines = ["mean ± spread (min..max)/2 over seeds",
-             f"{'variant':<40}{'seeds':>6}" + "".join(f"{h:>16}" for h in ["train loss", "memory gain", *(f"ppl {k}" for k in texts),
+             f"{'variant':<40}{'seeds':>6}" + "".join(f"{h:>17}" for h in ["train loss", "memory gain", *(f"ppl {k}" for k in texts),
                                                                         *(f"seg {lo}" + (f"-{hi - 1}" if hi - lo > 1 else "") for lo, hi in buckets)])]  # fmt: skip
     for spec in variants:
         rs = [r for r in results if r["variant"] == spec]
@@ -460,12 +460,15 @@ def merge_results(paths: list[str]) -> list[dict]:
     """The results of several --json files, refused unless they ran the same comparison."""
     runs = [json.loads(Path(f).read_text()) for f in paths]
     keep = ("train", "heldout", "steps", "streams", "segment", "layers", "width", "heads", "num_wm", "lr",
-            "weight_decay", "grad_clip", "reset", "eval_segments", "eval_windows", "full_vocab")  # fmt: skip
+            "weight_decay", "grad_clip", "eval_segments", "eval_windows", "full_vocab")  # fmt: skip
     for f, run in zip(paths[1:], runs[1:]):
         differ = [k for k in keep if run["args"].get(k) != runs[0]["args"].get(k)]
         if differ:
             raise SystemExit(f"{f}: not the same comparison as {paths[0]} (differs in {', '.join(differ)}); merge runs of one setting")
     results = [r for run in runs for r in run["results"]]
+    if len({run["args"].get("reset") for run in runs}) > 1:  # the training reset differs: name it beside each memory model
+        results = [r if parse_variant(r["variant"])[0] == "transformer" else {**r, "variant": f"{r['variant']} @{run['args']['reset']}"}
+                   for run in runs for r in run["results"]]  # fmt: skip  (the plain model has no memory to reset)
     seen = [(r["variant"], r["seed"]) for r in results]
     twice = sorted({x for x in seen if seen.count(x) > 1})
     if twice:
@@ -560,17 +563,21 @@ def main() -> None:
             train_s = time.perf_counter() - t0
             per_text = {name: score(model, toks, a) for name, toks in held.items()}
             ppl = {name: math.exp(sum(s for s, _ in v) / sum(n for _, n in v)) for name, v in per_text.items()}
-            by_pos = [sum(v[i][0] for v in per_text.values()) / sum(v[i][1] for v in per_text.values())
-                      for i in range(a.eval_segments)]  # fmt: skip
+            by_position = lambda d: [sum(v[i][0] for v in d.values()) / sum(v[i][1] for v in d.values())
+                                     for i in range(a.eval_segments)]  # fmt: skip
+            by_pos = by_position(per_text)
             bucket_nll = [statistics.fmean(by_pos[lo:hi]) for lo, hi in buckets]
             without = {name: score(model, toks, a, use_memory=False) for name, toks in held.items()}
+            gain_by_pos = [w - m for w, m in zip(by_position(without), by_pos)]  # what the memory gives, by position
+            gain_by_bucket = [statistics.fmean(gain_by_pos[lo:hi]) for lo, hi in buckets]
             nll = lambda d: sum(s for v in d.values() for s, _ in v) / sum(n for v in d.values() for _, n in v)
             memory_gain = nll(without) - nll(per_text)  # nats per token the trained model gets from its memory
             gain_by_text = {k: nll({k: without[k]}) - nll({k: per_text[k]}) for k in held}
             r = dict(variant=spec, seed=seed, train_loss_last100=statistics.fmean(losses[-100:]),
                      train_loss_curve=[statistics.fmean(losses[i:i + 100]) for i in range(0, len(losses), 100)],
                      ppl=ppl, nll_by_segment=by_pos, nll_by_bucket=bucket_nll, memory_gain=memory_gain,
-                     memory_gain_by_text=gain_by_text,
+                     memory_gain_by_text=gain_by_text, memory_gain_by_segment=gain_by_pos,
+                     memory_gain_by_bucket=gain_by_bucket,
                      curve=curve(losses, norms, residual), train_s=train_s)  # fmt: skip
             if block_trace is not None:
                 r["block_trace"] = block_trace
@@ -579,7 +586,8 @@ def main() -> None:
                   + "  ".join(f"{k} {v:.1f}" for k, v in ppl.items())
                   + "  nll by seg " + " ".join(f"{x:.3f}" for x in bucket_nll)
                   + f"  memory gain {memory_gain:.4f} ("
-                  + ", ".join(f"{k} {v:+.4f}" for k, v in gain_by_text.items()) + f")  ({train_s:.0f}s)", flush=True)  # fmt: skip
+                  + ", ".join(f"{k} {v:+.4f}" for k, v in gain_by_text.items()) + "; by seg "
+                  + " ".join(f"{x:+.3f}" for x in gain_by_bucket) + f")  ({train_s:.0f}s)", flush=True)  # fmt: skip
 
     print(summary(results))
     if a.json:

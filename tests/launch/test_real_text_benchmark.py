@@ -212,3 +212,22 @@ def test_unknown_text_names_say_what_is_known(bench):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_runs_of_other_training_resets_merge_with_the_reset_named_beside_each_memory_model(bench, tmp_path):
+    """The plain model has no memory, so its runs pair with memory runs trained under any reset
+    policy; the memory models carry their policy in the name, so two policies never pool."""
+    def write(name, results, reset):
+        path = tmp_path / name
+        path.write_text(json.dumps({"args": {"steps": 2000, "reset": reset}, "results": results}))
+        return str(path)
+
+    files = [write("t.json", [result("transformer", 1, {"a": 100.0})], "document_start"),
+             write("m.json", [result("memoria", 1, {"a": 90.0})], "every:64"),
+             write("n.json", [result("memoria", 1, {"a": 95.0})], "every:500")]
+    merged = bench.merge_results(files)
+    assert [r["variant"] for r in merged] == ["transformer", "memoria @every:64", "memoria @every:500"]
+    text = bench.summary(merged)
+    assert "-10.0 (-10.0..-10.0)" in text and "-5.0 (-5.0..-5.0)" in text
+    same = bench.merge_results([files[0], write("u.json", [result("memoria", 1, {"a": 90.0})], "document_start")])
+    assert [r["variant"] for r in same] == ["transformer", "memoria"]  # one policy: names as they were
