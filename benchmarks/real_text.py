@@ -433,7 +433,7 @@ def summary(results: list[dict], baseline: str = "transformer") -> str:
     buckets = position_buckets(len(results[0]["nll_by_segment"]))
     n_buckets = len(buckets)
     lines = ["mean ± spread (min..max)/2 over seeds",
-             f"{'variant':<40}{'seeds':>6}" + "".join(f"{h:>17}" for h in ["train loss", "memory gain", *(f"ppl {k}" for k in texts),
+             f"{'variant':<40}{'seeds':>6}" + "".join(f" {h:>16}" for h in ["train loss", "memory gain", *(f"ppl {k}" for k in texts),
                                                                         *(f"seg {lo}" + (f"-{hi - 1}" if hi - lo > 1 else "") for lo, hi in buckets)])]  # fmt: skip
     for spec in variants:
         rs = [r for r in results if r["variant"] == spec]
