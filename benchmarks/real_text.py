@@ -385,18 +385,21 @@ def eval_windows(docs: list[list[int]], length: int, limit: int = 0) -> list[lis
 
 
 @torch.no_grad()
-def score(model, docs: list[list[int]], a, use_memory: bool = True) -> list[tuple[float, int]]:
+def score(model, docs: list[list[int]], a, use_memory: bool = True,
+          by_window: list[float] | None = None) -> list[tuple[float, int]]:
     """(sum NLL, count) per segment position, over windows of `--eval-segments` segments.
 
     Each held-out document is cut into windows of `eval_segments * segment` tokens (its tail
     shorter than a window is dropped); every window starts with an empty memory.
     `use_memory=False` resets every row before every segment: the same model with its memory
     taken away (the difference is what the memory itself is worth to the trained model).
+    `by_window`, if given, receives each window's mean NLL, in the order of `eval_windows`.
     """
     model.eval()
     x = torch.tensor(eval_windows(docs, a.eval_segments * a.segment + 1, a.eval_windows))
     inputs, targets = x[:, :-1], x[:, 1:]
     out_sums = [[0.0, 0] for _ in range(a.eval_segments)]
+    window_sums = torch.zeros(len(x), dtype=torch.float64)
     for r0 in range(0, len(x), a.eval_batch):
         rows = slice(r0, r0 + a.eval_batch)
         memory = None
@@ -406,9 +409,12 @@ def score(model, docs: list[list[int]], a, use_memory: bool = True) -> list[tupl
             out = model(inputs[rows, cols], memory=memory, reset=reset)
             memory = out.memory
             nll = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1).float(), targets[rows, cols].flatten(),
-                                                    reduction="sum")  # fmt: skip
-            out_sums[s][0] += float(nll)
+                                                    reduction="none").view(out.logits.shape[:2])  # fmt: skip
+            out_sums[s][0] += float(nll.sum())
             out_sums[s][1] += targets[rows, cols].numel()
+            window_sums[rows] += nll.sum(dim=1).double()
+    if by_window is not None:
+        by_window.extend((window_sums / inputs.shape[1]).tolist())
     return [(s, n) for s, n in out_sums]
 
 
@@ -561,13 +567,15 @@ def main() -> None:
             t0 = time.perf_counter()
             model, losses, (norms, residual, block_trace) = train(spec, seed, a, corpus)
             train_s = time.perf_counter() - t0
-            per_text = {name: score(model, toks, a) for name, toks in held.items()}
+            win = {name: ([], []) for name in held}  # each window's mean NLL: with the memory, without
+            per_text = {name: score(model, toks, a, by_window=win[name][0]) for name, toks in held.items()}
             ppl = {name: math.exp(sum(s for s, _ in v) / sum(n for _, n in v)) for name, v in per_text.items()}
             by_position = lambda d: [sum(v[i][0] for v in d.values()) / sum(v[i][1] for v in d.values())
                                      for i in range(a.eval_segments)]  # fmt: skip
             by_pos = by_position(per_text)
             bucket_nll = [statistics.fmean(by_pos[lo:hi]) for lo, hi in buckets]
-            without = {name: score(model, toks, a, use_memory=False) for name, toks in held.items()}
+            without = {name: score(model, toks, a, use_memory=False, by_window=win[name][1]) for name, toks in held.items()}
+            gain_by_window = {k: [w - m for m, w in zip(*v)] for k, v in win.items()}  # windows evenly spread over each text
             gain_by_pos = [w - m for w, m in zip(by_position(without), by_pos)]  # what the memory gives, by position
             gain_by_bucket = [statistics.fmean(gain_by_pos[lo:hi]) for lo, hi in buckets]
             nll = lambda d: sum(s for v in d.values() for s, _ in v) / sum(n for v in d.values() for _, n in v)
@@ -577,7 +585,7 @@ def main() -> None:
                      train_loss_curve=[statistics.fmean(losses[i:i + 100]) for i in range(0, len(losses), 100)],
                      ppl=ppl, nll_by_segment=by_pos, nll_by_bucket=bucket_nll, memory_gain=memory_gain,
                      memory_gain_by_text=gain_by_text, memory_gain_by_segment=gain_by_pos,
-                     memory_gain_by_bucket=gain_by_bucket,
+                     memory_gain_by_bucket=gain_by_bucket, memory_gain_by_window=gain_by_window,
                      curve=curve(losses, norms, residual), train_s=train_s)  # fmt: skip
             if block_trace is not None:
                 r["block_trace"] = block_trace

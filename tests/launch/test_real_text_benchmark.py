@@ -231,3 +231,30 @@ def test_runs_of_other_training_resets_merge_with_the_reset_named_beside_each_me
     assert "-10.0 (-10.0..-10.0)" in text and "-5.0 (-5.0..-5.0)" in text
     same = bench.merge_results([files[0], write("u.json", [result("memoria", 1, {"a": 90.0})], "document_start")])
     assert [r["variant"] for r in same] == ["transformer", "memoria"]  # one policy: names as they were
+
+
+def test_each_windows_nll_is_that_window_read_alone_and_they_add_up_to_the_text(bench):
+    """`score(by_window=...)`: a window's mean NLL is what the model gives that window read on its
+    own (batching windows together changes nothing), and the windows' token-weighted sum is the
+    per-position total."""
+    import argparse
+
+    import torch
+    from transformers import GPT2Config
+
+    from memoria_ds.model import build_model
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=40, n_positions=16, n_layer=1, n_embd=16, n_head=2)
+    model = build_model(config, "memoria", memoria={"num_wm": 2, "num_stm_reminded": 2, "num_ltm_reminded": 2,
+                                                     "stm_capacity": 4})
+    docs = [torch.randint(0, 40, (100,)).tolist(), torch.randint(0, 40, (60,)).tolist()]
+    a = argparse.Namespace(eval_segments=3, segment=8, eval_windows=0, eval_batch=2)
+    windows: list[float] = []
+    sums = bench.score(model, docs, a, by_window=windows)
+    assert len(windows) == len(bench.eval_windows(docs, 25)) == 6  # 4 of the first document, 2 of the second
+    total, count = sum(s for s, _ in sums), sum(n for _, n in sums)
+    assert sum(windows) * 24 == pytest.approx(total, rel=1e-6) and count == 6 * 24
+    alone = []
+    bench.score(model, [bench.eval_windows(docs, 25)[3]], a, by_window=alone)
+    assert alone[0] == pytest.approx(windows[3], rel=1e-5)
