@@ -418,6 +418,40 @@ def score(model, docs: list[list[int]], a, use_memory: bool = True,
     return [(s, n) for s, n in out_sums]
 
 
+@torch.no_grad()
+def swap_scores(model, held: dict[str, list[list[int]]], a) -> dict[str, dict[str, float]]:
+    """Whose memory helps? The NLL of each window's last segment after reading the segments before
+    it from: the window itself (`own`), another window of the same text, half the text away
+    (`same_text`), a window of the next held-out text (`other_text`); and with no memory (`none`).
+
+    If a memory carries the passage, `own` beats `same_text`; if it carries only what the text
+    is like, the two are level and `other_text` is the worse."""
+    model.eval()
+    wins = {k: torch.tensor(eval_windows(docs, a.eval_segments * a.segment + 1, a.eval_windows)) for k, docs in held.items()}
+    names = list(wins)
+    last = slice((a.eval_segments - 1) * a.segment, a.eval_segments * a.segment)
+    out = {}
+    for i, name in enumerate(names):
+        x = wins[name]
+        other = wins[names[(i + 1) % len(names)]]
+        sources = {"own": x, "same_text": x.roll(len(x) // 2, 0),
+                   "other_text": other[torch.arange(len(x)) % len(other)], "none": x}  # fmt: skip
+        out[name] = {}
+        for kind, src in sources.items():
+            total, count = 0.0, 0
+            for r0 in range(0, len(x), a.eval_batch):
+                rows = slice(r0, r0 + a.eval_batch)
+                memory = None
+                for s in range(a.eval_segments - 1 if kind != "none" else 0):  # read, unscored
+                    memory = model(src[rows, s * a.segment:(s + 1) * a.segment], memory=memory).memory
+                logits = model(x[rows, :-1][:, last], memory=memory).logits
+                total += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), x[rows, 1:][:, last].flatten(),
+                                                                 reduction="sum"))  # fmt: skip
+                count += logits.shape[0] * logits.shape[1]
+            out[name][kind] = total / count
+    return out
+
+
 def position_buckets(n: int) -> list[tuple[int, int]]:
     """Segment index ranges [0], [1], [2, 4), [4, 8), ... up to n."""
     out, lo = [(0, 1)], 1
@@ -532,6 +566,9 @@ def main() -> None:
     p.add_argument("--trace-blocks", type=int, default=0, metavar="N",
                    help="every N updates, print (and keep in --json) the mean norm of what each block's "
                         "self-attention, memory attention and MLP add to the residual stream, and of the engrams")
+    p.add_argument("--swap", action="store_true",
+                   help="also score each held-out window's last segment after reading another window's segments: "
+                        "of the same text, of another text (whose memory helps: the passage's, or the text's)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", default=None)
     p.add_argument("--merge", nargs="+", metavar="JSON",
@@ -589,6 +626,10 @@ def main() -> None:
                      curve=curve(losses, norms, residual), train_s=train_s)  # fmt: skip
             if block_trace is not None:
                 r["block_trace"] = block_trace
+            if a.swap:
+                r["swap"] = swap_scores(model, held, a)
+                for k, v in r["swap"].items():
+                    print(f"  {k}: last-segment NLL by whose memory: " + "  ".join(f"{m} {x:.4f}" for m, x in v.items()), flush=True)
             results.append(r)
             print(f"{spec:<40} seed {seed}  train {r['train_loss_last100']:.3f}  "
                   + "  ".join(f"{k} {v:.1f}" for k, v in ppl.items())

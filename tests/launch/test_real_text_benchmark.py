@@ -258,3 +258,29 @@ def test_each_windows_nll_is_that_window_read_alone_and_they_add_up_to_the_text(
     alone = []
     bench.score(model, [bench.eval_windows(docs, 25)[3]], a, by_window=alone)
     assert alone[0] == pytest.approx(windows[3], rel=1e-5)
+
+
+@pytest.mark.parametrize("preset", ["memoria", "xl"])
+def test_whose_memory_own_and_none_are_the_ordinary_scores_of_the_last_segment(bench, preset):
+    """`swap_scores`: reading a window's own segments before its last is the ordinary carried
+    score of the last position, and `none` the memoryless one; another text's memory differs."""
+    import argparse
+
+    import torch
+    from transformers import GPT2Config
+
+    from memoria_ds.model import build_model
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=40, n_positions=16, n_layer=1, n_embd=16, n_head=2)
+    settings = {"memoria": {"num_wm": 2, "num_stm_reminded": 2, "num_ltm_reminded": 2, "stm_capacity": 4},
+                "memory_init": "random"} if preset == "memoria" else {}
+    model = build_model(config, preset, **settings)
+    held = {"a": [torch.randint(0, 20, (100,)).tolist()], "b": [torch.randint(20, 40, (80,)).tolist()]}
+    a = argparse.Namespace(eval_segments=3, segment=8, eval_windows=0, eval_batch=2)
+    swap = bench.swap_scores(model, held, a)
+    for name, docs in held.items():
+        (s, n), (s0, n0) = bench.score(model, docs, a)[-1], bench.score(model, docs, a, use_memory=False)[-1]
+        assert swap[name]["own"] == pytest.approx(s / n, rel=1e-5)
+        assert swap[name]["none"] == pytest.approx(s0 / n0, rel=1e-5)
+        assert swap[name]["other_text"] != swap[name]["own"]  # (the untrained memory moves little, but it moves)
