@@ -8,13 +8,17 @@ document starts with an empty memory and is read segment by segment with its mem
 carried. Reported per variant: held-out perplexity per text, and the mean NLL by segment
 position inside the documents (segment 0 has no memory to use; the later ones are where a
 memory must help). Mean and spread over seeds, and every variant against the plain model
-of the same seed (paired: same data, same starting backbone).
+of the same seed (paired: same data, same starting backbone). The memory gain (the same
+model's NLL with its memory reset before every segment, minus its NLL with it carried) is
+reported per text, per position and (in `--json`) per window; `--swap` adds whose memory
+helps: the passage's own, another passage's of the same text, or another text's.
 
     python benchmarks/real_text.py                                       # the default comparison
     python benchmarks/real_text.py --variants transformer,memoria --seeds 0 --steps 300
     python benchmarks/real_text.py --train a.txt,b.txt --heldout c.txt,sotu:2020-2021
     python benchmarks/real_text.py --seeds 1 --json s1.json & python benchmarks/real_text.py --seeds 2 --json s2.json
     python benchmarks/real_text.py --merge s1.json s2.json                # their summary together
+    python benchmarks/real_text.py --variants xl --seeds 1 --steps 2000 --swap
 
 Texts (each name is a text of one or more documents; with the default `--reset` the memory
 is reset at every document start in training, and no held-out window spans two documents):
