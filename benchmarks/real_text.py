@@ -388,6 +388,11 @@ def eval_windows(docs: list[list[int]], length: int, limit: int = 0) -> list[lis
     return windows
 
 
+def window_tensor(docs: list[list[int]], a) -> torch.Tensor:
+    """The held-out windows `score` and `swap_scores` read: (windows, eval_segments * segment + 1)."""
+    return torch.tensor(eval_windows(docs, a.eval_segments * a.segment + 1, a.eval_windows))
+
+
 @torch.no_grad()
 def score(model, docs: list[list[int]], a, use_memory: bool = True,
           by_window: list[float] | None = None) -> list[tuple[float, int]]:
@@ -400,7 +405,7 @@ def score(model, docs: list[list[int]], a, use_memory: bool = True,
     `by_window`, if given, receives each window's mean NLL, in the order of `eval_windows`.
     """
     model.eval()
-    x = torch.tensor(eval_windows(docs, a.eval_segments * a.segment + 1, a.eval_windows))
+    x = window_tensor(docs, a)
     inputs, targets = x[:, :-1], x[:, 1:]
     out_sums = [[0.0, 0] for _ in range(a.eval_segments)]
     window_sums = torch.zeros(len(x), dtype=torch.float64)
@@ -423,15 +428,17 @@ def score(model, docs: list[list[int]], a, use_memory: bool = True,
 
 
 @torch.no_grad()
-def swap_scores(model, held: dict[str, list[list[int]]], a) -> dict[str, dict[str, float]]:
+def swap_scores(model, held: dict[str, list[list[int]]], a,
+                kinds: tuple[str, ...] = ("own", "same_text", "other_text", "none")) -> dict[str, dict[str, float]]:
     """Whose memory helps? The NLL of each window's last segment after reading the segments before
     it from: the window itself (`own`), another window of the same text, half the text away
     (`same_text`), a window of the next held-out text (`other_text`); and with no memory (`none`).
 
     If a memory carries the passage, `own` beats `same_text`; if it carries only what the text
-    is like, the two are level and `other_text` is the worse."""
+    is like, the two are level and `other_text` is the worse. `own` and `none` are the last
+    position of `score` with and without the memory (tested); `kinds` picks what to compute."""
     model.eval()
-    wins = {k: torch.tensor(eval_windows(docs, a.eval_segments * a.segment + 1, a.eval_windows)) for k, docs in held.items()}
+    wins = {k: window_tensor(docs, a) for k, docs in held.items()}
     names = list(wins)
     last = slice((a.eval_segments - 1) * a.segment, a.eval_segments * a.segment)
     out = {}
@@ -441,7 +448,8 @@ def swap_scores(model, held: dict[str, list[list[int]]], a) -> dict[str, dict[st
         sources = {"own": x, "same_text": x.roll(len(x) // 2, 0),
                    "other_text": other[torch.arange(len(x)) % len(other)], "none": x}  # fmt: skip
         out[name] = {}
-        for kind, src in sources.items():
+        for kind in kinds:
+            src = sources[kind]
             total, count = 0.0, 0
             for r0 in range(0, len(x), a.eval_batch):
                 rows = slice(r0, r0 + a.eval_batch)
@@ -509,10 +517,10 @@ def merge_results(paths: list[str]) -> list[dict]:
         differ = [k for k in keep if run["args"].get(k) != runs[0]["args"].get(k)]
         if differ:
             raise SystemExit(f"{f}: not the same comparison as {paths[0]} (differs in {', '.join(differ)}); merge runs of one setting")
-    results = [r for run in runs for r in run["results"]]
-    if len({run["args"].get("reset") for run in runs}) > 1:  # the training reset differs: name it beside each memory model
-        results = [r if parse_variant(r["variant"])[0] == "transformer" else {**r, "variant": f"{r['variant']} @{run['args']['reset']}"}
-                   for run in runs for r in run["results"]]  # fmt: skip  (the plain model has no memory to reset)
+    named = len({run["args"].get("reset") for run in runs}) > 1  # the training reset differs: name it beside each memory model
+    results = [{**r, "variant": f"{r['variant']} @{run['args']['reset']}"}
+               if named and parse_variant(r["variant"])[0] != "transformer" else r  # (the plain model has no memory to reset)
+               for run in runs for r in run["results"]]  # fmt: skip
     seen = [(r["variant"], r["seed"]) for r in results]
     twice = sorted({x for x in seen if seen.count(x) > 1})
     if twice:
@@ -630,8 +638,10 @@ def main() -> None:
                      curve=curve(losses, norms, residual), train_s=train_s)  # fmt: skip
             if block_trace is not None:
                 r["block_trace"] = block_trace
-            if a.swap:
-                r["swap"] = swap_scores(model, held, a)
+            if a.swap:  # own and none are the last position of the scores above; only the foreign memories are new
+                foreign = swap_scores(model, held, a, kinds=("same_text", "other_text"))
+                last = lambda d, k: d[k][-1][0] / d[k][-1][1]  # noqa: E731
+                r["swap"] = {k: {"own": last(per_text, k), **foreign[k], "none": last(without, k)} for k in held}
                 for k, v in r["swap"].items():
                     print(f"  {k}: last-segment NLL by whose memory: " + "  ".join(f"{m} {x:.4f}" for m, x in v.items()), flush=True)
             results.append(r)

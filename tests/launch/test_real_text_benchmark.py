@@ -210,10 +210,6 @@ def test_unknown_text_names_say_what_is_known(bench):
         bench.load_texts(["no_such_book"])
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_runs_of_other_training_resets_merge_with_the_reset_named_beside_each_memory_model(bench, tmp_path):
     """The plain model has no memory, so its runs pair with memory runs trained under any reset
     policy; the memory models carry their policy in the name, so two policies never pool."""
@@ -284,3 +280,7 @@ def test_whose_memory_own_and_none_are_the_ordinary_scores_of_the_last_segment(b
         assert swap[name]["own"] == pytest.approx(s / n, rel=1e-5)
         assert swap[name]["none"] == pytest.approx(s0 / n0, rel=1e-5)
         assert swap[name]["other_text"] != swap[name]["own"]  # (the untrained memory moves little, but it moves)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
