@@ -59,6 +59,9 @@ class ResetPolicy:
                 at_doc = True
             elif part.startswith("every:") and part[6:].isdigit():
                 every = int(part[6:])
+                if every < 1:
+                    raise ValueError(f"{part!r} in {spec!r}: the period is a number of steps, at least 1 "
+                                     f"(for no periodic reset, write `never`)")
             else:
                 raise ValueError(
                     f"unknown reset policy part {part!r} in {spec!r}; use `never`, `document_start`, "

@@ -161,26 +161,53 @@ class MemoryState(BatchRows):
 
     def check(self, config: MemoriaConfig) -> None:
         """Raise ValueError if this state cannot be used with `config` (shapes, dtypes)."""
+        self.check_layout(config.count_dtype)
         if self.capacity != config.capacity:
             raise ValueError(
                 f"memory state has capacity {self.capacity} but the config asks for {config.capacity}; "
                 f"set `capacity={self.capacity}` to reuse this state"
             )
+
+    def check_layout(self, count_dtype: str | None = None) -> None:
+        """Raise ValueError unless every field has the engine's dtype and a shape that fits the
+        others (`counts` may be int16 or int32 unless `count_dtype` names one)."""
+        if self.vectors.dim() != 3:
+            raise ValueError(f"memory state field `vectors` has shape {tuple(self.vectors.shape)}, expected (B, C, D)")
+        counts = (getattr(torch, count_dtype),) if count_dtype else (torch.int16, torch.int32)
         expected = {
-            "vectors": torch.float32, "sq_norms": torch.float32, "digest": torch.int64, "kind": torch.int8, "lifespan": torch.float32,
-            "uid": torch.int64, "counts": getattr(torch, config.count_dtype), "step": torch.int64,
-            "evictions": torch.int64,
+            "vectors": (torch.float32,), "sq_norms": (torch.float32,), "digest": (torch.int64,), "kind": (torch.int8,),
+            "lifespan": (torch.float32,), "uid": (torch.int64,), "counts": counts, "step": (torch.int64,),
+            "evictions": (torch.int64,),
         }
         B, C = self.batch_size, self.capacity
         shapes = {"vectors": (B, C, self.dim), "counts": (B, C, C), "step": (B,), "evictions": (B,)}
-        for name, dtype in expected.items():
+        for name, dtypes in expected.items():
             t = getattr(self, name)
-            if t.dtype != dtype:
-                raise ValueError(f"memory state field `{name}` has dtype {t.dtype}, expected {dtype}")
+            if t.dtype not in dtypes:
+                raise ValueError(f"memory state field `{name}` has dtype {t.dtype}, expected {dtypes[0]}")
             if tuple(t.shape) != shapes.get(name, (B, C)):
                 raise ValueError(f"memory state field `{name}` has shape {tuple(t.shape)}, expected {shapes.get(name, (B, C))}")
             if t.device != self.device:
                 raise ValueError(f"memory state field `{name}` is on {t.device}, the rest on {self.device}")
+
+    def check_values(self) -> None:
+        """Raise ValueError unless the values are ones the engine can hold (a saved state that is
+        damaged or crafted: non-finite engrams, an unknown kind, a live engram without a uid or
+        lifespan, negative counters), after `check_layout`."""
+        self.check_layout()
+        live = self.kind != EMPTY
+        problems = {
+            "`vectors` or `sq_norms` hold non-finite values": ~(torch.isfinite(self.vectors).all()
+                                                                 & torch.isfinite(self.sq_norms).all()),
+            f"`kind` holds values outside {EMPTY}..{LTM}": ((self.kind < EMPTY) | (self.kind > LTM)).any(),
+            "a live engram has no uid or no positive lifespan": (live & ((self.uid < 0) | ~(self.lifespan > 0))).any(),
+            "an empty slot has a uid or a lifespan": (~live & ((self.uid != -1) | (self.lifespan != 0))).any(),
+            "`counts`, `step` or `evictions` are negative": ((self.counts < 0).any() | (self.step < 0).any()
+                                                              | (self.evictions < 0).any()),
+        }
+        bad = [what for what, flag in problems.items() if bool(flag)]
+        if bad:
+            raise ValueError(f"memory state is damaged or crafted: {'; '.join(bad)}")
 
     # ----------------------------------------------------------------- reset
     def reset(self, mask: Tensor | None = None) -> None:
@@ -222,8 +249,11 @@ class MemoryState(BatchRows):
         """Rebuild a state saved by `state_dict`, checked against `config` if given.
 
         Raises:
-            ValueError: a missing field, an unknown format, or shapes/dtypes that do not fit.
+            ValueError: a missing field, an unknown format, shapes/dtypes that do not fit, or
+                values the engine cannot hold (`check_values`).
         """
+        if not isinstance(state_dict, dict):
+            raise ValueError(f"a memory state must be a mapping of its fields, got a {type(state_dict).__name__}")
         fmt = state_dict.get("format")
         if fmt != STATE_FORMAT:
             raise ValueError(f"memory state format {fmt!r} is not supported (this version reads {STATE_FORMAT})")
@@ -241,6 +271,7 @@ class MemoryState(BatchRows):
         state = cls(**tensors)
         if config is not None:
             state.check(config)
+        state.check_values()
         return state
 
     def load_state_dict(self, state_dict: dict[str, object]) -> None:

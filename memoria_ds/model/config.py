@@ -48,6 +48,23 @@ PRESETS: dict[str, dict[str, Any]] = {
     "memoria_fast": {"memory_type": "memoria", "memory_attention_mode": "parallel"},
 }
 
+# The memory settings each kind reads (`MemoriaGPT2Config` fields); given to a model of another
+# kind they change nothing, and a run says so (`idle_settings`).
+SETTINGS_OF_KIND: dict[str, frozenset[str]] = {
+    "none": frozenset(),
+    "xl": frozenset({"xl_memory_length", "xl_positions"}),
+    "memoria": frozenset({"memoria", "memory_layers", "memory_heads", "memory_inner_dim", "memory_inner_dim_ratio",
+                          "memory_attention_mode", "memory_init", "abstractor_style", "memory_compile"}),
+}
+
+
+def idle_settings(memory_type: str, keys: Any) -> list[str]:
+    """Those of `keys` that are settings of other memory kinds only: `memory_type` ignores them."""
+    mine = SETTINGS_OF_KIND.get(memory_type, frozenset())
+    others = frozenset().union(*SETTINGS_OF_KIND.values())
+    return sorted(k for k in keys if k in others and k not in mine)
+
+
 # Default width of the memory attention's q/k/v, as a fraction of n_embd. The authors' code
 # uses the full width, which costs 1.38x (gpt2) to 1.48x (gpt2-large) the backbone's FLOPs;
 # an eighth costs 1.07x there, and kept 81% of the full width's gain from memory in the
@@ -276,4 +293,4 @@ def _memory_fields() -> set[str]:
     }
 
 
-__all__ = ["MemoriaGPT2Config", "PRESETS", "MEMORY_TYPES", "XL_POSITIONS", "position_banks", "DEFAULT_MEMORY_WIDTH_RATIO", "resolve_preset"]
+__all__ = ["MemoriaGPT2Config", "PRESETS", "MEMORY_TYPES", "SETTINGS_OF_KIND", "idle_settings", "XL_POSITIONS", "position_banks", "DEFAULT_MEMORY_WIDTH_RATIO", "resolve_preset"]

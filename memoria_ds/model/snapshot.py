@@ -91,6 +91,22 @@ def save_snapshot(path: str | Path, model: Any, memory: RecurrentMemory, stream_
     return path
 
 
+def _check_fields(path: str | Path, tree: dict[str, Any]) -> None:
+    """The snapshot's own fields have the types `save_snapshot` writes (its memory is checked
+    when it is rebuilt): a damaged or crafted file is a ValueError, not a crash further on."""
+    ids = tree.get("stream_ids")
+    wrong = [name for name, ok in (
+        ("memory", isinstance(tree.get("memory"), dict)),
+        ("stream_ids", isinstance(ids, list) and all(type(i) is int for i in ids) and len(set(ids)) == len(ids)),
+        ("memory_type", isinstance(tree.get("memory_type"), str)),
+        ("model_fingerprint", isinstance(tree.get("model_fingerprint"), str)),
+        ("description", isinstance(tree.get("description", ""), str)),
+    ) if not ok]
+    if wrong:
+        raise ValueError(f"{path} is damaged or crafted: its field(s) {', '.join(wrong)} are not what "
+                         f"save_snapshot writes")
+
+
 def load_snapshot(path: str | Path, model: Any, stream_ids: list[int] | None = None,
                   device: torch.device | str | None = None) -> Snapshot:
     """A snapshot for `model`, optionally only the rows of `stream_ids` (in that order).
@@ -104,6 +120,7 @@ def load_snapshot(path: str | Path, model: Any, stream_ids: list[int] | None = N
         raise ValueError(f"{path} is not a memory snapshot (save one with memoria_ds.model.save_snapshot)")
     if tree.get("format") != FORMAT:
         raise ValueError(f"{path}: snapshot format {tree.get('format')!r}; this version reads {FORMAT}")
+    _check_fields(path, tree)
     mine = model_fingerprint(model)
     if tree["memory_type"] != model.config.memory_type or tree["model_fingerprint"] != mine:
         raise SnapshotMismatch(
@@ -112,8 +129,13 @@ def load_snapshot(path: str | Path, model: Any, stream_ids: list[int] | None = N
             f"again with this model (memoria_ds.model.read) to make its snapshot"
         )
     config = getattr(model.config, "memoria_config", None) if model.config.memory_type == "memoria" else None
-    memory = memory_from_state_dict(tree["memory"], config=config, device=device)
+    try:
+        memory = memory_from_state_dict(tree["memory"], config=config, device=device)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     ids = list(tree["stream_ids"])
+    if memory.batch_size != len(ids):
+        raise ValueError(f"{path} is damaged or crafted: {len(ids)} stream ids for a memory of {memory.batch_size} rows")
     if stream_ids is not None:
         missing = [s for s in stream_ids if s not in ids]
         if missing:

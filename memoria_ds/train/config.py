@@ -138,6 +138,14 @@ class LoraSection(Section):
         return self
 
 
+def _check_reset(key: str, spec: str) -> None:
+    """A reset policy that parses, or a ValueError naming `key` and the valid forms."""
+    try:
+        ResetPolicy.parse(spec)
+    except ValueError as e:
+        raise ValueError(f"`{key}`: {e}") from None
+
+
 class DataSection(Section):
     """The corpus, its streams and the memory reset policy.
 
@@ -197,7 +205,7 @@ class DataSection(Section):
             raise ValueError(f"`data.segment_length` ({self.segment_length}) must be at least 2")
         if self.num_proc is not None and self.num_proc < 1:
             raise ValueError(f"`data.num_proc` ({self.num_proc}) must be at least 1, or null (one process)")
-        ResetPolicy.parse(self.reset)  # fails early with the list of valid forms
+        _check_reset("data.reset", self.reset)
         if self.corpus == "files" and not self.files:
             raise ValueError("`data.corpus: files` needs `data.files`, e.g. {train: [a.txt], validation: [b.txt]}")
         if self.corpus == "sorting":
@@ -412,7 +420,7 @@ class EvalSection(Section):
         if not self.protocols and (self.at_end or self.every):
             raise ValueError("`eval.protocols` is empty: name `full`, `paper` and/or `memoryless`, or set "
                              "`eval.at_end=false` (and `eval.every=0`) to train without evaluating")
-        ResetPolicy.parse(self.reset)
+        _check_reset("eval.reset", self.reset)
         if self.every < 0 or self.num_streams < 0:
             raise ValueError(f"`eval.every` ({self.every}) and `eval.num_streams` ({self.num_streams}) must be >= 0 "
                              f"(0: only at the end / one stream per rank)")

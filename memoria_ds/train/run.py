@@ -153,8 +153,11 @@ class RunState:
             ctx.log(f"resume: optim.{name} changed since the checkpoint ({was} -> {now}): applied from step "
                     f"{ckpt.step + 1}, over the restored optimizer state and schedule position")
         mine = shards[0] if same else next(s for s in shards if s["rank"] == 0)
-        self.streams.load_state_dict(mine["streams"])
-        self.memories = restore_memories(shards, self.stream_ids, ctx.micro, ctx.device, ctx.memoria_config)
+        try:
+            self.streams.load_state_dict(mine["streams"])
+            self.memories = restore_memories(shards, self.stream_ids, ctx.micro, ctx.device, ctx.memoria_config)
+        except (ValueError, KeyError, TypeError) as e:  # a shard that does not fit this run's streams or model
+            raise CheckpointError(f"checkpoint {ckpt.path} cannot be resumed by this run: {e}") from None
         if same:
             set_rng_state(shards[0]["rng"])
         else:

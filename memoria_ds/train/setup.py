@@ -21,6 +21,7 @@ from typing import Any
 
 from ..data import VOCAB_SIZE, ExampleStreams, StreamLayout, TokenStreams
 from ..eval.protocols import protocol_from_name
+from ..model.config import idle_settings, resolve_preset
 from . import distributed as dist_utils
 from .build import build_run_model, check_pretrained_settings, load_corpora, resolve_precision, unwrap
 from .checkpoints import (CheckpointError, CheckpointInfo, check_compatible, choose_checkpoint, seed_everything,
@@ -126,7 +127,7 @@ def _resume_point(cfg: RunConfig, info: DistInfo, log) -> CheckpointInfo | None:
     resumed, refused = dist_utils.broadcast_object(choice)
     if refused is None and resumed is not None:
         try:
-            check_compatible(resumed, cfg)
+            check_compatible(resumed, cfg, info.world_size)
             if resumed.world_size != info.world_size and cfg.engine != "deepspeed":
                 raise CheckpointError(f"checkpoint {resumed.path} was saved by {resumed.world_size} ranks and this "
                                       f"run has {info.world_size}: a world-size change needs engine=deepspeed")
@@ -158,6 +159,10 @@ def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
     total_steps = cfg.optim.max_steps or cfg.optim.epochs * streams.steps_per_epoch
     # optimizer updates (the learning-rate schedule's length): steps whose segment holds targets
     update_steps = streams.count_target_steps(total_steps)
+    if resumed is not None and resumed.step > total_steps:
+        raise ConfigError(f"checkpoint {resumed.path} is at step {resumed.step}, past this run's last step "
+                          f"{total_steps} (optim.max_steps / optim.epochs): to train further set optim.max_steps "
+                          f"above {resumed.step}; to go back, --resume an earlier checkpoint")
     if cfg.optim.memory_delay_steps and cfg.optim.memory_delay_steps >= update_steps:
         raise ConfigError(f"`optim.memory_delay_steps` ({cfg.optim.memory_delay_steps}) must be below the run's "
                           f"{update_steps} optimizer updates: the memory modules would never learn")
@@ -165,6 +170,11 @@ def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
     seed_everything(cfg.seed)  # the same initial weights on every rank
     with zero3_construction(ds_config):  # under ZeRO-3: built straight into partitions
         model = build_run_model(cfg, vocab_size)
+    memory_type = resolve_preset(cfg.model.preset, **cfg.model.settings).get("memory_type", "memoria")
+    idle = idle_settings(memory_type, cfg.model.settings)
+    if idle:
+        log(f"note: model.settings {', '.join(idle)} configure another kind of memory; model.preset="
+            f"{cfg.model.preset} (memory_type {memory_type}) does not read them: they change nothing in this run")
     if memory_settings_idle(model, cfg.optim.memory_lr_scale, cfg.optim.memory_delay_steps):
         log(f"note: optim.memory_lr_scale / optim.memory_delay_steps act on the modules Memoria adds; "
             f"model.preset={cfg.model.preset} has none to train, so they change nothing in this run")
@@ -179,7 +189,10 @@ def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
     state = RunState.fresh(engine, streams, cfg.optim.grad_accum, info.device)
     seed_everything(cfg.seed + 1000 * (info.rank + 1))  # dropout streams differ per rank
     if resumed is not None:
-        state.load(ctx, resumed)
+        try:
+            state.load(ctx, resumed)
+        except CheckpointError as e:  # read before the run directory is taken: nothing was written
+            raise ConfigError(str(e)) from None
     # the divergence check's baseline is the run's first one, kept across resumes
     start = (resumed.manifest.get("meta", {}) if resumed is not None else {}).get("weights_at_start")
     ctx.weights_at_start = float(start) if start is not None else weights_magnitude(state.model, info.device)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from memoria_ds.safe_io import file_sha256, save_tree
-from memoria_ds.train.checkpoints import CheckpointError, find_latest
+from memoria_ds.train.checkpoints import CheckpointError, find_latest, make_shard
 from memoria_ds.train.checkpoints.store import validate
 
 
@@ -18,7 +18,8 @@ def _checkpoint(root, step):
     """A complete one-shard checkpoint, as `save_checkpoint` lays it out."""
     path = root / f"step_{step:08d}"
     path.mkdir(parents=True)
-    save_tree({"step": step, "x": torch.arange(4)}, path / "rank_00000.safetensors")
+    shard = make_shard([0], [None], {"position": torch.arange(4)}, step, micro_batch_size=1)
+    save_tree(dict(shard, format=1, rank=0, world_size=1), path / "rank_00000.safetensors")
     rel = "rank_00000.safetensors"
     manifest = {"format": 1, "step": step, "world_size": 1, "files": {rel: (path / rel).stat().st_size},
                 "sha256": {rel: file_sha256(path / rel)}, "meta": {"config": {}, "fingerprint": {}}}

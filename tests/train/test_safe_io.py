@@ -109,7 +109,7 @@ def test_convert_rewrites_a_trusted_legacy_checkpoint_and_its_manifest(tmp_path,
     assert not (ckpt / "rank_00000.pt").exists()
     assert load_tree(ckpt / "rank_00000.safetensors")["stream_ids"] == [0]
     assert torch.equal(load_tree(ckpt / "engine" / "engine.safetensors")["module"]["w"], torch.ones(2))
-    assert convert(tmp_path) == []  # nothing left to convert
+    assert convert(tmp_path) == ([], [])  # nothing left to convert
 
 
 class _Call:

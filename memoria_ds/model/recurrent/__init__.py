@@ -34,11 +34,36 @@ def memory_kind(config: Any) -> MemoryKind:
 def memory_from_state_dict(
     state_dict: dict[str, Any], config: MemoriaConfig | None = None, device: torch.device | str | None = None
 ) -> RecurrentMemory:
-    """Rebuild a memory of any kind from its `state_dict()` (Memoria's checked against `config`)."""
+    """Rebuild a memory of any kind from its `state_dict()` (Memoria's checked against `config`).
+
+    A saved memory comes from a file (a checkpoint shard, a snapshot): whatever is wrong with it
+    (a missing or mistyped field, a non-finite value, a value its kind cannot hold) is a
+    ValueError naming the problem, never another exception from inside a kind.
+    """
+    if not isinstance(state_dict, dict):
+        raise ValueError(f"a saved memory must be a mapping, got a {type(state_dict).__name__}")
     kind = state_dict.get("kind")
-    if kind not in KINDS:
-        raise ValueError(f"unknown memory kind {kind!r}; expected 'none', 'xl' or 'memoria'")
-    return KINDS[kind].memory_class.from_state_dict(state_dict, config=config, device=device)
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ValueError(f"unknown memory kind {kind!r}; expected one of {sorted(KINDS)}")
+    where = _non_finite(state_dict)
+    if where is not None:
+        raise ValueError(f"saved {kind} memory holds non-finite values in `{where}`: damaged or crafted, not loaded")
+    try:
+        return KINDS[kind].memory_class.from_state_dict(state_dict, config=config, device=device)
+    except (KeyError, TypeError, AttributeError, IndexError, RuntimeError) as e:
+        raise ValueError(f"saved {kind} memory is malformed ({type(e).__name__}: {e})") from None
+
+
+def _non_finite(tree: Any, name: str = "") -> str | None:
+    """The name of the first floating-point tensor in `tree` with a NaN or infinity, else None."""
+    if isinstance(tree, torch.Tensor):
+        return name if tree.is_floating_point() and not bool(torch.isfinite(tree).all()) else None
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, (list, tuple)) else ()
+    for key, value in items:
+        found = _non_finite(value, f"{name}.{key}" if name else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 __all__ = [

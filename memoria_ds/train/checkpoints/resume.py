@@ -98,7 +98,29 @@ def set_aside_newer(info: CheckpointInfo, run_dir: Path, log) -> Path | None:
     return target
 
 
-def check_compatible(info: CheckpointInfo, cfg: RunConfig) -> None:
+def saved_streams(info: CheckpointInfo) -> int | None:
+    """How many token streams the checkpoint's run had (`micro_batch_size * grad_accum * ranks`),
+    from its manifest; None if the manifest does not say."""
+    optim = info.manifest.get("meta", {}).get("config", {}).get("optim", {})
+    micro, accum = optim.get("micro_batch_size"), optim.get("grad_accum")
+    if type(micro) is not int or type(accum) is not int:
+        return None
+    return micro * accum * info.world_size
+
+
+def check_compatible(info: CheckpointInfo, cfg: RunConfig, world_size: int) -> None:
+    """Raise CheckpointError if this run cannot continue `info` on `world_size` ranks (read from
+    the manifest only: before any conversion, engine or data work)."""
+    streams = saved_streams(info)
+    mine = cfg.optim.micro_batch_size * cfg.optim.grad_accum * world_size
+    if streams is not None and streams != mine:
+        optim = info.manifest["meta"]["config"]["optim"]
+        raise CheckpointError(
+            f"checkpoint {info.path} carries the memory of {streams} token streams (optim.micro_batch_size "
+            f"{optim['micro_batch_size']} x optim.grad_accum {optim['grad_accum']} x {info.world_size} rank(s)) and this "
+            f"run has {mine} ({cfg.optim.micro_batch_size} x {cfg.optim.grad_accum} x {world_size}): a resume keeps "
+            f"micro_batch_size * grad_accum * ranks; choose values whose product is {streams}, or start a new run_dir"
+        )
     # the optimizer's groups: the memory modules have their own only with memory_lr_scale != 1
     # or memory_delay_steps > 0
     optim = info.manifest.get("meta", {}).get("config", {}).get("optim", {})
@@ -143,7 +165,8 @@ def ensure_universal(info: CheckpointInfo, rank: int) -> str:
         (tmp / ".complete").write_text("ok\n")
         shutil.rmtree(target, ignore_errors=True)
         os.rename(tmp, target)
-        # DeepSpeed looks the tag up in `latest_universal` under the load dir
+        # the converter names its output folder (the temporary one) in `latest_universal`: name the final one
+        (info.path / "latest_universal").write_text(UNIVERSAL_TAG)
     dist_utils.barrier()
     return UNIVERSAL_TAG
 

@@ -55,6 +55,47 @@ def make_shard(stream_ids: list[int], memories: list[Any], streams_state: dict[s
     }
 
 
+def check_shard(shard: Any, rank: int) -> None:
+    """Raise ValueError unless `shard` is what `make_shard` wrote for `rank` (and `save_checkpoint`
+    stamped): every field of its type, one memory per micro-batch slot that loads (finite, of a
+    known kind, `micro_batch_size` rows), RNG states that can be set. Damaged or crafted content
+    never reaches the run."""
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise ValueError(f"shard of rank {rank}: {what}")
+
+    need(isinstance(shard, dict), "not a mapping")
+    ids, micro = shard.get("stream_ids"), shard.get("micro_batch_size")
+    need(isinstance(micro, int) and not isinstance(micro, bool) and micro >= 1, f"micro_batch_size is {micro!r}")
+    need(isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids) and len(set(ids)) == len(ids)
+         and len(ids) % micro == 0, "stream_ids are not distinct stream numbers filling its micro-batches")
+    need(shard.get("rank") == rank, f"it says it is rank {shard.get('rank')!r}'s")
+    step = shard.get("step")
+    need(type(step) is int and step >= 0, f"step is {step!r}")
+    need(isinstance(shard.get("streams"), dict), "no data stream state")
+    memories = shard.get("memory")
+    need(isinstance(memories, list) and len(memories) == len(ids) // micro,
+         f"{len(memories) if isinstance(memories, list) else 'no'} memories for {len(ids) // micro} micro-batch slots")
+    for slot, sd in enumerate(memories):
+        if sd is not None:
+            try:
+                rows = memory_from_state_dict(sd).batch_size
+            except ValueError as e:
+                raise ValueError(f"shard of rank {rank}, memory of slot {slot}: {e}") from None
+            need(rows == micro, f"the memory of slot {slot} has {rows} rows, not {micro}")
+    _check_rng(shard.get("rng"), rank)
+
+
+def _check_rng(state: Any, rank: int) -> None:
+    """The RNG states can be set (tried on fresh generators: nothing global changes)."""
+    try:
+        random.Random().setstate(state["python"])
+        np.random.RandomState().set_state(state["numpy"])
+        torch.Generator().set_state(state["torch"])
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as e:
+        raise ValueError(f"shard of rank {rank}: its RNG state cannot be restored ({type(e).__name__}: {e})") from None
+
+
 def _row_index(shards: list[dict[str, Any]]) -> dict[int, tuple[int, int, int]]:
     """stream id -> (shard, slot, row within slot)."""
     index = {}

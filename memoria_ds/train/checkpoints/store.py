@@ -34,10 +34,11 @@ from pathlib import Path
 from typing import Any
 
 
-from ...safe_io import CONVERT, PickleRefused, check_pickles, file_sha256, is_pickle, load_tree, save_tree
+from ...safe_io import CONVERT, PickleRefused, check_pickles, check_tree, file_sha256, is_pickle, load_tree, save_tree
 from ..engine import DEEPSPEED_PICKLE_GLOBALS
 from .. import distributed as dist_utils
 from .. import faults
+from .shards import check_shard
 
 MANIFEST = "manifest.json"
 ENGINE_TAG = "engine"
@@ -308,6 +309,7 @@ def validate(path: Path, verify_contents: bool = True) -> CheckpointInfo:
             raise CheckpointError(f"checkpoint {str(path)!r}: {name} does not match its checksum (corrupt)")
     if verify_contents:
         _check_no_code(path, manifest)
+        _check_trees(path, manifest)
     return CheckpointInfo(path=path, step=int(manifest["step"]), world_size=int(manifest["world_size"]), manifest=manifest)
 
 
@@ -329,6 +331,26 @@ def _check_no_code(path: Path, manifest: dict[str, Any]) -> None:
                 check_pickles([f], DEEPSPEED_PICKLE_GLOBALS, "DeepSpeed")
             except PickleRefused as e:
                 raise CheckpointError(f"checkpoint {str(path)!r}: {e}") from None
+
+
+def _check_trees(path: Path, manifest: dict[str, Any]) -> None:
+    """Every safetensors file of ours reads as a tree, and every rank's shard as a shard: a
+    file damaged or crafted behind a matching checksum makes the checkpoint unusable here
+    (so `--resume auto` falls back past it), not the run crash later."""
+    files = manifest.get("files", {})
+    for rel in files:
+        if rel.endswith(".safetensors"):
+            try:
+                check_tree(path / rel)
+            except ValueError as e:
+                raise CheckpointError(f"checkpoint {str(path)!r}: {e}") from None
+    for rank in range(int(manifest["world_size"])):
+        if shard_name(rank) not in files:
+            raise CheckpointError(f"checkpoint {str(path)!r} has no shard for rank {rank} of {manifest['world_size']}")
+        try:
+            check_shard(load_tree(path / shard_name(rank)), rank)
+        except ValueError as e:
+            raise CheckpointError(f"checkpoint {str(path)!r}: {e}") from None
 
 
 def list_checkpoints(root: Path, verify_contents: bool = False) -> list[tuple[Path, str | None]]:
@@ -366,7 +388,9 @@ def load_shard(info: CheckpointInfo, rank: int) -> dict[str, Any]:
     """Rank `rank`'s shard of a checkpoint (read as data: nothing in it is executed)."""
     path = info.path / shard_name(rank)
     try:
-        return load_tree(path)
+        shard = load_tree(path)
+        check_shard(shard, rank)
+        return shard
     except PickleRefused as e:
         raise CheckpointError(str(e)) from None
     except ValueError as e:
