@@ -557,6 +557,9 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
     failed = False
     for path in a.paths:
+        if path.is_file() and sniff(path) == "safetensors":
+            print(f"{path}: already safetensors, nothing to convert (left as it is)")
+            continue
         done, refused = convert(path)
         print(f"{path}: {len(done)} file(s) converted" + "".join(f"\n  {d}" for d in done))
         for why in refused:

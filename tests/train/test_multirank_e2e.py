@@ -45,11 +45,18 @@ def test_two_ranks_zero2_then_one_rank_then_two_again(tmp_path):
                         launcher="python")
     assert proc.returncode == 2 and "a world-size change needs engine=deepspeed" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and sorted(p for p in run.rglob("*")) == before
+    # a resume that would change the number of streams (1 rank x micro 2 x accum 1 = 2, not 4): refused from the
+    # manifest, before DeepSpeed's universal conversion or any engine work, naming the rule; nothing written
+    proc = run_training(run, "optim.max_steps=3", "checkpoint.resume=auto", ranks=1)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "micro_batch_size * grad_accum * ranks" in proc.stderr and "4 token streams" in proc.stderr, proc.stderr
+    assert sorted(p for p in run.rglob("*")) == before
     # 1 rank owns all 4 streams (micro 2 x accum 2): weights/optimizer via a universal checkpoint
     proc = check(run_training(run, "optim.max_steps=3", "checkpoint.every=1", "optim.grad_accum=2",
                               "checkpoint.resume=auto", "eval.at_end=false", ranks=1))
     assert "2 -> 1 ranks" in proc.stdout + proc.stderr
     assert (run / "checkpoints" / "step_00000002" / "engine_universal").is_dir()
+    assert (run / "checkpoints" / "step_00000002" / "latest_universal").read_text() == "engine_universal"
     one = validate(run / "checkpoints" / "step_00000003")
     assert one.world_size == 1
     # and back to 2 ranks
