@@ -28,6 +28,19 @@ def test_bad_specs_are_refused_with_the_options() -> None:
         ResetPolicy.parse("at_doc")
     with pytest.raises(ValueError, match=">= 1"):
         ResetPolicy(every_n_steps=0)
+    # the user's words: the period is at least 1, and "no periodic reset" is written `never`
+    for spec in ("every:0", "document_start+every:00"):
+        with pytest.raises(ValueError, match=r"at least 1 \(for no periodic reset, write `never`\)"):
+            ResetPolicy.parse(spec)
+
+
+def test_the_config_names_the_key_of_a_bad_reset_policy() -> None:
+    from memoria_ds.train.config import RunConfig
+    from memoria_ds.train.parse import ConfigError, load
+
+    for key in ("data.reset", "eval.reset"):
+        with pytest.raises(ConfigError, match=f"`{key}`: 'every:0'.*write `never`"):
+            load(RunConfig, None, [f"{key}=every:0"])
 
 
 def test_reset_masks() -> None:

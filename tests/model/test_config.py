@@ -124,3 +124,17 @@ def test_backbone_from_a_plain_gpt2_config_keeps_its_fields():
     backbone = GPT2Config(n_layer=3, n_embd=32, n_head=2, vocab_size=100, n_positions=64, activation_function="gelu")
     cfg = MemoriaGPT2Config.from_backbone(backbone, "memoria", memoria=SMALL_MEMORIA)
     assert (cfg.n_layer, cfg.activation_function, cfg.n_positions, cfg.model_type) == (3, "gelu", 64, "memoria_gpt2")
+
+
+def test_settings_of_another_memory_kind_are_named_as_idle():
+    from memoria_ds.model.config import SETTINGS_OF_KIND, idle_settings
+
+    assert idle_settings("xl", ["memory_heads", "memory_attention_mode", "n_layer", "xl_positions"]) == [
+        "memory_attention_mode", "memory_heads"]
+    assert idle_settings("memoria", ["xl_memory_length", "memoria", "segment_length"]) == ["xl_memory_length"]
+    assert idle_settings("none", ["memoria", "xl_positions", "n_embd"]) == ["memoria", "xl_positions"]
+    # every memory field of the config is some kind's setting, or shared by all (segment_length, memory_type)
+    from memoria_ds.model.config import _memory_fields
+
+    named = frozenset().union(*SETTINGS_OF_KIND.values())
+    assert _memory_fields() - named == {"memory_type", "segment_length"}

@@ -78,3 +78,31 @@ def test_the_documented_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "docs/model.md", "exec"), {"__name__": "__doc_example__"})
     assert (tmp_path / "alice.memory.safetensors").is_file()
+
+
+def test_every_description_length_loads_and_a_crafted_snapshot_is_a_value_error(tmp_path):
+    """Header lengths whose first byte is 0x80 (descriptions of 115-122 characters here) are
+    safetensors like any other; damaged fields are one ValueError, not a crash further on."""
+    from memoria_ds.safe_io import load_tree, save_tree
+
+    model = _model()
+    memory = read(model, torch.randint(0, 97, (2, 40)), segment_length=16)
+    for n in range(100, 140):
+        path = save_snapshot(tmp_path / "s.safetensors", model, memory, description="d" * n)
+        assert load_snapshot(path, model).description == "d" * n
+    tree = load_tree(path)
+    for change, says in [
+        (lambda t: t.update(memory=[t["memory"]]), "field(s) memory are not"),
+        (lambda t: t["memory"].update(state="s"), "a memory state must be a mapping"),
+        (lambda t: t.update(stream_ids=[0, 0]), "field(s) stream_ids are not"),
+        (lambda t: t.update(stream_ids=[0, 1, 2]), "3 stream ids for a memory of 2 rows"),
+        (lambda t: t.update(description=5), "field(s) description are not"),
+        (lambda t: t["memory"]["state"]["lifespan"].fill_(float("nan")), "non-finite values in `state.lifespan`"),
+    ]:
+        crafted = {**tree, "memory": {**tree["memory"], "state": dict(tree["memory"]["state"])}}
+        crafted["memory"]["state"]["lifespan"] = tree["memory"]["state"]["lifespan"].clone()
+        change(crafted)
+        save_tree(crafted, tmp_path / "c.safetensors")
+        with pytest.raises(ValueError, match="c.safetensors") as e:
+            load_snapshot(tmp_path / "c.safetensors", model)
+        assert says in str(e.value)

@@ -137,6 +137,23 @@ def test_mistakes_stop_before_any_work(tmp_path):
         assert not (tmp_path / "never").exists()
 
 
+def _poisoned(snapshot, how):
+    """A copy of `snapshot` with all-NaN engrams, an engram kind of 99, or its memory given as a list."""
+    from memoria_ds.safe_io import load_tree, save_tree
+
+    tree = load_tree(snapshot)
+    state = tree["memory"]["state"]
+    if how == "nan":
+        state["vectors"].fill_(float("nan"))
+    elif how == "kind":
+        state["kind"][0, 0] = 99
+    else:
+        tree["memory"] = [tree["memory"]]
+    path = snapshot.with_name(f"{how}.safetensors")
+    save_tree(tree, path)
+    return path
+
+
 def test_evaluation_from_a_memory_snapshot(tmp_path):
     """`--memory SNAPSHOT`: the streams start from a saved memory (issue 18 item 3); another
     model's snapshot, a missing file, or a model without memory stop with exit 2."""
@@ -166,7 +183,10 @@ def test_evaluation_from_a_memory_snapshot(tmp_path):
     for model_dir, snapshot, says in [
         (tmp_path / "other", snap, "holds the memory of another model"),
         (tmp_path / "model", tmp_path / "missing.safetensors", "no such snapshot file"),
-        (tmp_path / "model", tmp_path / "model" / "config.json", "is not a readable memoria_ds state file"),
+        (tmp_path / "model", tmp_path / "model" / "config.json", "is not a memoria_ds state file"),
+        (tmp_path / "model", _poisoned(snap, "nan"), "non-finite values in `state.vectors`"),
+        (tmp_path / "model", _poisoned(snap, "kind"), "`kind` holds values outside 0..3"),
+        (tmp_path / "model", _poisoned(snap, "list"), "the field(s) memory are not what save_snapshot writes"),
     ]:
         proc = evaluate(str(model_dir), "--memory", str(snapshot), *common, "--out", str(tmp_path / "x"))
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr[-2000:]

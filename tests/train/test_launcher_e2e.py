@@ -228,6 +228,12 @@ def test_a_finished_run_rerun_changes_nothing(tmp_path):
     assert "already reached step 6" in proc.stdout, proc.stdout[-2000:]
     assert (run / "summary.json").read_text() == summary and math.isfinite(json.loads(summary)["final_train_loss"])
     assert (run / "metrics.jsonl").read_text() == records
+    # asking for fewer steps than the checkpoint holds is a mistake, said as one: exit 2, nothing rewritten
+    config = (run / "config.yaml").read_text()
+    proc = run_training(run, "checkpoint.resume=auto", "optim.max_steps=4", launcher="python")
+    assert proc.returncode == 2 and "is at step 6, past this run's last step 4" in proc.stderr, proc.stderr[-2000:]
+    assert "set optim.max_steps above 6" in proc.stderr and "Traceback" not in proc.stderr
+    assert (run / "config.yaml").read_text() == config and (run / "metrics.jsonl").read_text() == records
 
 
 def test_a_rollback_sets_the_abandoned_checkpoints_aside(tmp_path):
