@@ -63,6 +63,13 @@ def load_memory(path: str | os.PathLike) -> MemorySnapshot:
     """
     path = Path(path)
     obj = load_tree(path)
+    try:
+        return _memory_of(path, obj)
+    except (KeyError, TypeError, AttributeError, IndexError) as e:  # fields of the wrong type: damaged or crafted
+        raise ValueError(f"{path} is damaged or crafted ({type(e).__name__}: {e})") from None
+
+
+def _memory_of(path: Path, obj: Any) -> MemorySnapshot:
     if isinstance(obj, dict) and obj.get("kind") == TRACE_STATE_KIND:
         config = MemoriaConfig.from_dict(obj["memoria"])
         return MemorySnapshot(MemoryState.from_state_dict(obj["state"], config=config), config,

@@ -141,14 +141,17 @@ class RunState:
         same = ckpt.world_size == info.world_size
         note = describe_resume(ckpt, info.world_size)
         if same:
-            self.engine.load(ckpt.path, "engine", strict=not ctx.lora)
-            shards = [load_shard(ckpt, info.rank)]
+            tag = "engine"
+        elif not isinstance(self.engine, DeepSpeedEngine):
+            raise CheckpointError("a world-size change needs the DeepSpeed engine")
         else:
-            if not isinstance(self.engine, DeepSpeedEngine):
-                raise CheckpointError("a world-size change needs the DeepSpeed engine")
             tag = ensure_universal(ckpt, info.rank)
+        try:
             self.engine.load(ckpt.path, tag, strict=not ctx.lora)
-            shards = load_all_shards(ckpt)
+        except (ValueError, KeyError, TypeError) as e:  # engine state of the wrong shape (the plain engine's is ours)
+            raise CheckpointError(f"checkpoint {ckpt.path}: its engine state cannot be loaded ({type(e).__name__}: "
+                                  f"{e})") from None
+        shards = [load_shard(ckpt, info.rank)] if same else load_all_shards(ckpt)
         for name, (was, now) in self.engine.apply_hyperparameters(ctx.cfg.optim).items():
             ctx.log(f"resume: optim.{name} changed since the checkpoint ({was} -> {now}): applied from step "
                     f"{ckpt.step + 1}, over the restored optimizer state and schedule position")

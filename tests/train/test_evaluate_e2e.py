@@ -186,7 +186,7 @@ def test_evaluation_from_a_memory_snapshot(tmp_path):
         (tmp_path / "model", tmp_path / "model" / "config.json", "is not a memoria_ds state file"),
         (tmp_path / "model", _poisoned(snap, "nan"), "non-finite values in `state.vectors`"),
         (tmp_path / "model", _poisoned(snap, "kind"), "`kind` holds values outside 0..3"),
-        (tmp_path / "model", _poisoned(snap, "list"), "the field(s) memory are not what save_snapshot writes"),
+        (tmp_path / "model", _poisoned(snap, "list"), "its field(s) memory are not what save_snapshot writes"),
     ]:
         proc = evaluate(str(model_dir), "--memory", str(snapshot), *common, "--out", str(tmp_path / "x"))
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr[-2000:]

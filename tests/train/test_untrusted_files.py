@@ -355,3 +355,19 @@ def test_an_interrupted_conversion_is_finished_and_a_foreign_file_is_not_overwri
     assert old.exists() and load_tree(new) == {"something": "else"}
     with pytest.raises(PickleRefused):
         load_tree(old)
+
+
+def test_the_analysis_reader_refuses_a_crafted_trace_state(tmp_path):
+    from memoria_ds.analysis.memory_data import load_memory
+    from memoria_ds.eval.trace import TRACE_STATE_KIND
+
+    good = {"kind": TRACE_STATE_KIND, "memoria": CFG.to_dict(), "state": _engine_state().state_dict(), "step": 6}
+    save_tree(good, tmp_path / "m.safetensors")
+    assert load_memory(tmp_path / "m.safetensors").state.batch_size == 2
+    for change, says in [(lambda t: t.pop("memoria"), "KeyError"), (lambda t: t.update(state=[1]), "mapping"),
+                         (lambda t: t["state"]["kind"].fill_(7), "outside 0..3")]:
+        tree = {**good, "state": {k: v.clone() if torch.is_tensor(v) else v for k, v in good["state"].items()}}
+        change(tree)
+        save_tree(tree, tmp_path / "c.safetensors")
+        with pytest.raises(ValueError, match=says):
+            load_memory(tmp_path / "c.safetensors")
