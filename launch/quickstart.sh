@@ -11,7 +11,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck disable=SC1091
-source "$root/launch/setup.sh"
+source "$root/launch/setup.sh" main
 cd "$root"
 if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   export DS_ACCELERATOR=cpu  # no GPU: DeepSpeed on CPU over gloo

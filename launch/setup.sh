@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Set up whatever is missing to run memoria_ds, then leave the environment active.
 #
-#   source launch/setup.sh           # what the main job needs (quickstart.sh)
+#   source launch/setup.sh main      # what the main job needs (quickstart.sh)
 #   source launch/setup.sh EXTRAS    # and pip extras, e.g. "test" (test.sh), "test,bench"
+#
+# Always name one (`main` for none): a script sourced without arguments sees its caller's
+# arguments as its own (quickstart.sh's `optim.epochs=2` would be read as extras).
 #
 # Uses the active virtual environment if there is one, else creates ./.venv.
 # torch goes in first: `torch==2.13.0` (the CPU build that lies on the project's machines;
@@ -11,7 +14,8 @@
 # was installed for this pyproject.toml, and any stamp covers the main job (every set holds it).
 set -euo pipefail
 _root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-_extras=${1:-}
+_extras=${1:?"name the pip extras to install, or main for none"}
+if [ "$_extras" = main ]; then _extras=""; fi
 if [ -z "${VIRTUAL_ENV:-}" ]; then
   if [ ! -x "$_root/.venv/bin/python" ]; then
     echo "+ python3 -m venv $_root/.venv"

@@ -34,12 +34,13 @@ def venv(tmp_path):
     return tmp_path / "venv"
 
 
-def _source(venv: Path, *extras: str) -> list[str]:
-    """Source setup.sh with `extras`; the pip installs it ran, in order."""
+def _source(venv: Path, extras: str = "main", caller_args: str = "") -> list[str]:
+    """Source setup.sh with `extras` from a script called with `caller_args`; the pip installs
+    it ran, in order."""
     log = venv / "pip.log"
     log.unlink(missing_ok=True)
     env = dict(os.environ, VIRTUAL_ENV=str(venv), PATH=f"{venv / 'bin'}:{os.environ['PATH']}", PIP_LOG=str(log))
-    script = f'source "{ROOT}/launch/setup.sh" {" ".join(extras)}; echo sourced'
+    script = f'set -- {caller_args}; source "{ROOT}/launch/setup.sh" {extras}; echo sourced'
     proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.rstrip().endswith("sourced"), proc.stdout + proc.stderr
     lines = log.read_text().splitlines() if log.exists() else []
@@ -57,6 +58,17 @@ def test_the_main_job_installs_no_extras_and_the_test_command_adds_them(venv):
     assert _source(venv, "test") == [f"-m pip install --quiet -e {ROOT}[test]"]
     assert (venv / ".memoria_ds-test.stamp").read_text().strip() == _want()
     assert _source(venv, "test") == [] and _source(venv) == []
+
+
+def test_the_callers_arguments_are_not_extras(venv):
+    """quickstart.sh passes its own arguments to the training; the setup it sources names
+    `main`, so `bash launch/quickstart.sh optim.epochs=2` installs no extra called that."""
+    assert _source(venv, caller_args="optim.epochs=2") == [f"-m pip install --quiet -e {ROOT}"]
+    assert "setup.sh\" main" in (ROOT / "launch" / "quickstart.sh").read_text()
+    log = venv / "pip.log"
+    env = dict(os.environ, VIRTUAL_ENV=str(venv), PATH=f"{venv / 'bin'}:{os.environ['PATH']}", PIP_LOG=str(log))
+    bare = subprocess.run(["bash", "-c", f'source "{ROOT}/launch/setup.sh"'], env=env, capture_output=True, text=True)
+    assert bare.returncode != 0 and "name the pip extras to install, or main for none" in bare.stderr
 
 
 def test_a_test_install_covers_the_main_job(venv):
