@@ -27,7 +27,7 @@ two, ..., all of the input: the ceiling each variant's view allows.
 
 Cost on a 2-core CPU (two runs at a time, one thread each), 6,000 updates at 4 segments:
 about 6 min (`transformer`), 7 (`xl`), 10 (`memoria_wm`), 15 (`memoria`) per run; 8 and 16
-segments cost about 1.6x and 3x that. docs/reproduction.md has the results.
+segments cost about 1.6x and 3x that. docs/results.md has the results.
 
 Variants are presets (`transformer`, `xl`, `memoria_wm`, `memoria_wm_stm`, `memoria`, ...)
 with optional `+key=value` model settings, as in `benchmarks/real_text.py`.

@@ -7,10 +7,11 @@
 #   bash launch/quickstart.sh [KEY=VALUE ...]     e.g. optim.epochs=2 run_dir=runs/mine
 #
 # Everything lands in runs/quickstart/ (metrics.jsonl, eval/, checkpoints/, export/).
+# It installs only what the main job needs; launch/test.sh adds the test suite's extras.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck disable=SC1091
-source "$root/launch/setup.sh" test
+source "$root/launch/setup.sh" main
 cd "$root"
 if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   export DS_ACCELERATOR=cpu  # no GPU: DeepSpeed on CPU over gloo

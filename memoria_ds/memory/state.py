@@ -39,6 +39,7 @@ STATE_FORMAT = 1
 _FIELDS = ("vectors", "sq_norms", "digest", "kind", "lifespan", "uid", "counts", "step", "evictions")
 _DERIVED = ("digest",)  # recomputed from `vectors` when a saved state lacks it (saved before it existed)
 _DIGEST_MAX_DIM = 1 << 15  # below this width the digest's sum stays exact in float64
+_DIGEST_BLOCK = 256  # halves per block of the digest's product (any size gives the same digest)
 _MULTIPLIERS: dict[tuple[int, str], Tensor] = {}
 
 
@@ -53,9 +54,19 @@ def vector_digest(vectors: Tensor) -> Tensor:
     vectors share a digest only by a coincidence of a random linear form (never for one
     changed coordinate; about 2^-21 for two, far less for more), and retrieval also
     requires equal squared norms.
+
+    The product runs over blocks of `_DIGEST_BLOCK` halves: every block's sum is exact too, so
+    the result is the whole product's, bit for bit, while the float64 copy of the halves is a
+    block at a time (a (..., 2D) float64 copy is 4x the vectors' own size: 2.4 MB per step for
+    the working memory at the paper's settings, 78 MB for a whole (4, 1664, 768) state).
     """
-    halves = vectors.contiguous().view(torch.int16).to(torch.float64)  # (..., 2D)
-    return (halves @ digest_multipliers(vectors.shape[-1], vectors.device)).to(torch.int64)
+    halves = vectors.contiguous().view(torch.int16)  # (..., 2D)
+    multipliers = digest_multipliers(vectors.shape[-1], vectors.device)  # (2D,)
+    total = None
+    for lo in range(0, halves.shape[-1], _DIGEST_BLOCK):
+        part = halves[..., lo : lo + _DIGEST_BLOCK].to(torch.float64) @ multipliers[lo : lo + _DIGEST_BLOCK]  # (...)
+        total = part if total is None else total.add_(part)
+    return total.to(torch.int64)
 
 
 def digest_multipliers(dim: int, device: torch.device | str) -> Tensor:

@@ -254,7 +254,9 @@ class OptimSection(Section):
             learn (learning rate 0; the memory still runs, and starts as a no-op with the
             default init); then their own warm-up and decay run over the remaining updates
             (paper: 0). Keeps the memory path from growing while the backbone learns the
-            text's first statistics (docs/training.md, "The memory's learning rate").
+            text's first statistics (docs/training.md, "The memory's learning rate"). Capped
+            at half the run's updates (rounded down; the run prints one line when it is), so
+            a short run of a preset with a long delay still trains its memory.
         micro_batch_size: streams per rank per micro-batch.
         grad_accum: micro-batches per optimiser step.
         epochs: passes over the training split (ignored when `max_steps` is set).
@@ -299,9 +301,6 @@ class OptimSection(Section):
             raise ValueError(f"`optim.epochs` ({self.epochs}) must be at least 1")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"`optim.max_steps` ({self.max_steps}) must be at least 1, or null")
-        if self.max_steps is not None and 0 < self.max_steps <= self.memory_delay_steps:
-            raise ValueError(f"`optim.memory_delay_steps` ({self.memory_delay_steps}) must be below `optim.max_steps` "
-                             f"({self.max_steps}): the memory modules would never learn")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"`optim.betas` must be two numbers in [0, 1), got {self.betas}")
         if self.grad_clip < 0:

@@ -29,8 +29,8 @@ from .checkpoints import (CheckpointError, CheckpointInfo, check_compatible, cho
 from .config import RunConfig
 from .distributed import DistInfo
 from .ds_config import read_ds_config, resolve_ds_config
-from .engine import (DeepSpeedEngine, TorchEngine, TrainEngine, check_ds_config, memory_settings_idle,
-                     zero3_construction)
+from .engine import (DeepSpeedEngine, TorchEngine, TrainEngine, capped_memory_delay, check_ds_config,
+                     memory_settings_idle, zero3_construction)
 from .health import weights_magnitude
 from .parse import ConfigError, dump
 from .run import RunContext, RunState, rank0_print
@@ -163,9 +163,6 @@ def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
         raise ConfigError(f"checkpoint {resumed.path} is at step {resumed.step}, past this run's last step "
                           f"{total_steps} (optim.max_steps / optim.epochs): to train further set optim.max_steps "
                           f"above {resumed.step}; to go back, --resume an earlier checkpoint")
-    if cfg.optim.memory_delay_steps and cfg.optim.memory_delay_steps >= update_steps:
-        raise ConfigError(f"`optim.memory_delay_steps` ({cfg.optim.memory_delay_steps}) must be below the run's "
-                          f"{update_steps} optimizer updates: the memory modules would never learn")
 
     seed_everything(cfg.seed)  # the same initial weights on every rank
     with zero3_construction(ds_config):  # under ZeRO-3: built straight into partitions
@@ -178,6 +175,9 @@ def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
     if memory_settings_idle(model, cfg.optim.memory_lr_scale, cfg.optim.memory_delay_steps):
         log(f"note: optim.memory_lr_scale / optim.memory_delay_steps act on the modules Memoria adds; "
             f"model.preset={cfg.model.preset} has none to train, so they change nothing in this run")
+    elif (delay := capped_memory_delay(cfg.optim.memory_delay_steps, update_steps)) != cfg.optim.memory_delay_steps:
+        log(f"note: optim.memory_delay_steps ({cfg.optim.memory_delay_steps}) capped at {delay}, at most half of "
+            f"this run's {update_steps} optimizer updates: the memory modules learn from update {delay + 1} on")
     if cfg.model.compile is not None:  # in place: the same module, parameter names and state_dict
         model.compile(mode=cfg.model.compile, dynamic=False)
     engine = _engine(cfg, info, model, ds_config, precision, update_steps)

@@ -78,6 +78,20 @@ def test_vector_digest_is_exact_and_order_free():
     assert got.tolist() == [sum(h * k for h, k in zip(row.view(torch.int16).tolist(), m)) for row in big]
 
 
+def test_the_blocked_digest_is_the_whole_product():
+    """`vector_digest` sums its product block by block (`_DIGEST_BLOCK` halves at a time, to keep
+    the float64 copy small): the same digests as one (..., 2D) float64 product, also with a
+    partial last block and at the working memory's shape."""
+    from memoria_ds.memory.state import _DIGEST_BLOCK, digest_multipliers
+
+    gen = torch.Generator().manual_seed(5)
+    for shape in [(4, 50, 768), (3, 700), (2, _DIGEST_BLOCK // 2), (5, 1, 1)]:
+        v = torch.randn(*shape, generator=gen) * 1e3
+        whole = (v.view(torch.int16).to(torch.float64) @ digest_multipliers(shape[-1], "cpu")).to(torch.int64)
+        assert torch.equal(vector_digest(v), whole), shape
+    assert 2 * 768 > 5 * _DIGEST_BLOCK  # the paper's width spans several blocks
+
+
 def test_a_state_saved_without_digests_loads_with_them():
     cfg = MemoriaConfig(num_wm=2, num_stm_reminded=2, num_ltm_reminded=2, stm_capacity=4, search_depth=1)
     state = MemoryState.empty(cfg, 2, 3)

@@ -107,6 +107,42 @@ def test_the_delayed_schedule_by_hand():
     assert [delayed_warmup_decay(30, 0.2, 0)(s) for s in range(30)] == [plain(s) for s in range(30)]
 
 
+def test_the_delay_is_capped_at_half_the_run():
+    """`capped_memory_delay`: a delay longer than half the run's updates is cut to half (rounded
+    down), so a short run of a preset with a long delay trains; the quickstart's 40 of 138 is
+    left alone."""
+    from memoria_ds.train.engine import MAX_MEMORY_DELAY_FRACTION, capped_memory_delay
+
+    assert MAX_MEMORY_DELAY_FRACTION == 0.5
+    assert capped_memory_delay(40, 138) == 40  # the quickstart's default run: untouched
+    assert [capped_memory_delay(40, n) for n in (1, 2, 3, 4, 79, 80, 81)] == [0, 1, 1, 2, 39, 40, 40]
+    assert capped_memory_delay(0, 1) == 0 and capped_memory_delay(5, 10) == 5 and capped_memory_delay(6, 10) == 5
+
+
+def test_a_short_run_schedules_the_capped_delay(tiny_gpt2_config):
+    """`group_schedules` over 2 updates with a delay of 40: the memory groups wait 1 update and
+    learn at the second (a warm-up of 1 over the 1 remaining update), the backbone's schedule is
+    the undelayed one; the groups stay apart as the configured delay asks (the checkpoint layout
+    does not depend on the run's length)."""
+    from memoria_ds.model import build_model
+    from memoria_ds.train.config import OptimSection
+    from memoria_ds.train.engine import group_schedules, linear_warmup_decay
+    from memoria_ds.train.engine.base import group_layout
+
+    model = build_model(tiny_gpt2_config, "memoria", memoria={"num_wm": 2, "num_stm_reminded": 2,
+                                                               "num_ltm_reminded": 2, "stm_capacity": 4})
+    optim = OptimSection(lr=1e-3, warmup_ratio=0.06, memory_delay_steps=40, max_steps=2)
+    layout = group_layout(model, optim.memory_lr_scale, optim.memory_delay_steps)
+    assert [memory for _, memory in layout] == [False, False, True, True]
+    factors = [[f(s) for s in range(2)] for f in group_schedules(model, optim, 2)]
+    backbone = [linear_warmup_decay(2, 0.06)(s) for s in range(2)]
+    assert backbone == [1.0, 1.0]  # a warm-up of 1, then the decay's first update (1 of 1 left)
+    assert factors == [backbone, backbone, [0.0, 1.0], [0.0, 1.0]]
+    # over 138 updates (the quickstart's), the configured 40
+    late = group_schedules(model, optim, 138)[2]
+    assert [late(s) for s in (39, 40)] == [0.0, 1 / 6]  # warm-up: ceil(0.06 * 98) = 6 updates
+
+
 def test_the_memory_modules_wait_for_their_delay(tiny_gpt2_config):
     """optim.memory_delay_steps: the abstractor and memory attentions do not move for that many
     updates while the backbone does (their gradients are there, their rate is 0); then they

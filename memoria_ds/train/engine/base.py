@@ -47,6 +47,25 @@ def delayed_warmup_decay(total_steps: int, warmup_ratio: float, delay: int):
     return factor
 
 
+# The most of a run the memory modules may wait: at least its second half is theirs to learn in.
+MAX_MEMORY_DELAY_FRACTION = 0.5
+
+
+def capped_memory_delay(delay: int, update_steps: int) -> int:
+    """The delay a run of `update_steps` optimizer updates applies: `optim.memory_delay_steps`,
+    at most `MAX_MEMORY_DELAY_FRACTION` of the run (rounded down), so that a short run (a
+    smoke test of a preset with a long delay) is not refused and its memory modules still learn.
+
+    Args:
+        delay: the configured `optim.memory_delay_steps` (>= 0).
+        update_steps: the run's optimizer updates (the schedule's length, >= 1).
+
+    Returns:
+        min(delay, floor(MAX_MEMORY_DELAY_FRACTION * update_steps)).
+    """
+    return min(delay, int(MAX_MEMORY_DELAY_FRACTION * update_steps))
+
+
 def memory_groups_apart(memory_lr_scale: float = 1.0, memory_delay_steps: int = 0) -> bool:
     """Whether the modules Memoria adds get optimizer groups of their own (their own rate or
     schedule); otherwise every parameter is in the two groups checkpoints always had."""
@@ -69,9 +88,12 @@ def group_layout(model: nn.Module, memory_lr_scale: float = 1.0, memory_delay_st
 
 def group_schedules(model: nn.Module, optim: OptimSection, total_steps: int) -> list:
     """The LR multiplier of each optimizer group (`group_layout`'s order): the backbone's
-    `linear_warmup_decay`; the memory modules' delayed by `optim.memory_delay_steps`."""
+    `linear_warmup_decay`; the memory modules' delayed by `optim.memory_delay_steps`, capped
+    at a fraction of the run (`capped_memory_delay`). The groups themselves follow the
+    configured delay, so a capped run's checkpoints have the layout of an uncapped one."""
     layout = group_layout(model, optim.memory_lr_scale, optim.memory_delay_steps)
-    return [delayed_warmup_decay(total_steps, optim.warmup_ratio, optim.memory_delay_steps if memory else 0)
+    delay = capped_memory_delay(optim.memory_delay_steps, total_steps)
+    return [delayed_warmup_decay(total_steps, optim.warmup_ratio, delay if memory else 0)
             for _, memory in layout]  # fmt: skip
 
 
