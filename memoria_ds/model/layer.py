@@ -42,12 +42,14 @@ class BlockInputs:
         memory: Memoria's per-forward inputs, or None.
         cache: HF decode cache of the current segment (generation), or None.
         collect_kv: return this segment's keys/values (Transformer-XL builds its next memory from them).
+        collect_queries: return this segment's self-attention queries too (a kind's training loss uses them).
     """
 
     attention_mask: Tensor | None
     memory: MemoryInputs | None
     cache: Cache | None
     collect_kv: bool
+    collect_queries: bool = False
 
 
 class MemoryBlock(GradientCheckpointingLayer):
@@ -85,7 +87,7 @@ class MemoryBlock(GradientCheckpointingLayer):
         *,
         block: GPT2Block,
         inputs: BlockInputs,
-    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
         """Run `block` with the memory.
 
         Tensors that may need gradients are positional (reentrant checkpointing only
@@ -107,16 +109,30 @@ class MemoryBlock(GradientCheckpointingLayer):
         if inputs.collect_kv or memory_keys is not None or inputs.cache is not None:
             kv = ExtendedKeyValues(memory_keys, memory_values, inputs.cache)
         residual = hidden
-        attn_output, _ = block.attn(block.ln_1(hidden), attention_mask=inputs.attention_mask, **{ATTENTION_CACHE: kv})
+        queries: list[Tensor] = []
+        handle = None
+        if inputs.collect_queries:  # GPT2Attention keeps its queries to itself: read c_attn's output (q | k | v)
+            width = block.attn.split_size
+            handle = block.attn.c_attn.register_forward_hook(lambda m, i, out: queries.append(out[..., :width]))
+        try:
+            attn_output, _ = block.attn(block.ln_1(hidden), attention_mask=inputs.attention_mask,
+                                        **{ATTENTION_CACHE: kv})
+        finally:
+            if handle is not None:
+                handle.remove()
         hidden = attn_output + residual
         weights = None
         if self.memory_attention is not None:
             hidden, weights = self.memory_attention(hidden, engrams, inputs.memory)
         residual = hidden
         hidden = residual + block.mlp(block.ln_2(hidden))
+        query = None
+        if queries:  # (B, L, D) -> (B, H, L, hd), as GPT2Attention shapes them
+            q = queries[-1].detach()
+            query = q.view(*q.shape[:-1], -1, block.attn.head_dim).transpose(1, 2)
         if inputs.collect_kv and kv is not None and kv.current is not None:
-            return hidden, weights, kv.current[0].detach(), kv.current[1].detach()
-        return hidden, weights, None, None
+            return hidden, weights, kv.current[0].detach(), kv.current[1].detach(), query
+        return hidden, weights, None, None, query
 
 
 __all__ = ["MemoryBlock", "BlockInputs"]
