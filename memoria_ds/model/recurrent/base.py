@@ -64,6 +64,7 @@ class MemoryRead:
     slot_mask: Tensor | None
     collects_kv: ClassVar[bool] = False
     collects_queries: ClassVar[bool] = False
+    has_side: ClassVar[bool] = False  # `side_attention` adds to every block's self-attention output
 
     def positions(self, positions: Tensor) -> Tensor:
         """The absolute positions to embed, given the segment's (1, L) positions."""
@@ -76,6 +77,19 @@ class MemoryRead:
     def memory_inputs(self, query_mask: Tensor | None, use_sdpa: bool) -> MemoryInputs | None:
         """The per-forward inputs of the memory attentions (None: no memory attention input)."""
         return None
+
+    def side_attention(self, layer: int, hidden: Tensor, queries: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """A kind's own attention beside block `layer`'s self-attention (when `has_side`).
+
+        Args:
+            hidden: (B, L, D) the block's input. queries: (B, H, L, hd) its self-attention's
+                queries (with their gradient).
+
+        Returns:
+            (B, L, D) added to the self-attention's output, and tensors for the kind's write
+            (`BlockWrites.side`, one tuple per block).
+        """
+        raise NotImplementedError
 
     def take_rows(self, rows: Tensor | list[int]) -> MemoryRead:
         """The read of `rows` (HF expands a read for beams); a read of nothing is itself."""
@@ -97,15 +111,18 @@ class BlockWrites:
         weights: (B, R) contribution weights of each memory attention.
         keys / values: (B, H, L, hd) this segment's detached keys/values (when the read collects them).
         queries: (B, H, L, hd) this segment's detached self-attention queries (when the read collects them).
+        side: per block, the tensors a side read's `side_attention` returned.
     """
 
     weights: list[Tensor] = field(default_factory=list)
     keys: list[Tensor] = field(default_factory=list)
     values: list[Tensor] = field(default_factory=list)
     queries: list[Tensor] = field(default_factory=list)
+    side: list[tuple[Tensor, ...]] = field(default_factory=list)
 
     def add(
-        self, weights: Tensor | None, keys: Tensor | None, values: Tensor | None, queries: Tensor | None = None
+        self, weights: Tensor | None, keys: Tensor | None, values: Tensor | None, queries: Tensor | None = None,
+        *side: Tensor,
     ) -> None:
         if weights is not None:
             self.weights.append(weights)
@@ -114,6 +131,8 @@ class BlockWrites:
             self.values.append(values)
         if queries is not None:
             self.queries.append(queries)
+        if side:
+            self.side.append(side)
 
 
 class MemoryKind:
@@ -147,6 +166,11 @@ class MemoryKind:
     def build_module(self) -> nn.Module | None:
         """The trainable module of this kind, made once by the model (`model.memory_net`); None: none."""
         return None
+
+    def cached_slots(self, segment_length: int) -> int:
+        """Key/value slots per layer that each segment's self-attention attends to besides its own
+        tokens (the cost planner counts them)."""
+        return 0
 
     def auxiliary_loss(self, pending: Any) -> Tensor | None:
         """A loss of the kind's own that the model adds to the LM loss (after `write`), or None."""

@@ -239,6 +239,9 @@ class CompressiveKind(MemoryKind):
         mask = torch.cat([memory.compressed_mask, memory.mask], dim=1)
         return CompressiveRead(keys, values, mask, offset), Pending(net)
 
+    def cached_slots(self, segment_length: int) -> int:
+        return sum(self.settings.lengths(self.config.segment_length or segment_length))
+
     def frozen_read(self, memory: CompressiveMemory, dtype: torch.dtype, net: Any) -> CompressiveRead:
         return self.read(memory, dtype, net)[0]  # reading changes nothing; a write replaces the tensors
 
