@@ -10,6 +10,7 @@ Memory types (SPEC section 2; paper Tables 1, 2, 4, 7):
     xl           Transformer-XL-style recurrence over cached keys/values
     memoria      Memoria: abstractor -> remind -> memory cross-attention -> memorize
     compressive  the Compressive Transformer (Rae et al. 2020): xl plus a compressed memory
+    infinity     the infinity-former (Martins et al. 2022): a continuous long-term memory attention
 
 A kind's own settings are one dict, `memory_settings`, parsed by the kind
 (`recurrent.KINDS[memory_type].settings_class`; docs/baselines.md).
@@ -28,7 +29,7 @@ from transformers import GPT2Config
 
 from ..memory import COMPILE_MODES, MemoriaConfig
 
-MEMORY_TYPES = ("none", "xl", "memoria", "compressive")
+MEMORY_TYPES = ("none", "xl", "memoria", "compressive", "infinity")
 # kinds that cache keys/values at the positions they were computed at (`xl_positions` applies)
 CACHED_KV_TYPES = ("xl", "compressive")
 ATTENTION_MODES = ("sequential", "parallel")
@@ -55,6 +56,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The paper's Compressive Transformer baseline: half the memory uncompressed, half
     # compressed at rate 4 by a 1D convolution (docs/baselines.md)
     "compressive": {"memory_type": "compressive", "xl_positions": "alternate"},
+    # The paper's infinity-former baseline, initialised as the authors' code does (random
+    # long-term attention; `memory_init="noop"` starts it at exactly the backbone)
+    "infinity": {"memory_type": "infinity", "memory_init": "random"},
 }
 
 # Default width of the memory attention's q/k/v, as a fraction of n_embd. The authors' code
@@ -82,7 +86,7 @@ class MemoriaGPT2Config(GPT2Config):
     Every `GPT2Config` field keeps its meaning. Added fields:
 
     Args:
-        memory_type: one of `MEMORY_TYPES` (`"none"`, `"xl"`, `"memoria"`, `"compressive"`, ...).
+        memory_type: one of `MEMORY_TYPES` (`"none"`, `"xl"`, `"memoria"`, `"compressive"`, `"infinity"`).
         memory_settings: the settings of a kind that has its own (`compressive`, ...), as a
             dict of its settings class's fields (missing ones take its defaults). Stored
             fully resolved; None for a kind without settings.

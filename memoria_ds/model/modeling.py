@@ -140,7 +140,8 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             else:
                 std = self.config.initializer_range / math.sqrt(2 * self.config.n_layer)
                 init.normal_(module.weight, mean=0.0, std=std)
-            init.zeros_(module.bias)
+            if module.bias is not None:
+                init.zeros_(module.bias)
 
     def memory_modules(self) -> list[nn.Module]:
         """The modules the memory adds (abstractor, memory attentions, the kind's `memory_net`); all trainable."""

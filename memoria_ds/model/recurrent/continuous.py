@@ -86,23 +86,26 @@ def regression_matrix(length: int, positions: Tensor, num_basis: int) -> Tensor:
 
 
 @functools.lru_cache(maxsize=64)
-def _matrices(length: int, samples: int, num_basis: int, tau: float) -> tuple[Tensor, Tensor, Tensor]:
-    """float64 (G (L, N), G_inf (S + L, N), even samples psi(t / tau) (S, N)), cached by shape."""
-    mu, sigma = basis(num_basis)
+def _matrices(length: int, samples: int, num_basis: int, tau: float) -> tuple[Tensor, Tensor]:
+    """float64 (G (L, N), G_inf (S + L, N)), cached by shape."""
     g = regression_matrix(length, padded_positions(length), num_basis)
     g_inf = regression_matrix(length + samples, infinity_positions(length, samples, tau), num_basis)
-    old = torch.linspace(0.0, tau, samples + 1, dtype=torch.float64)[1:]
-    even = evaluate(old / tau, mu, sigma)
     if g.shape[0] != length or g_inf.shape[0] != length + samples:
-        raise ValueError(f"the basis fit of {length} vectors and {samples} samples does not cut evenly; "
-                         "use an even memory length")
-    return g, g_inf, even
+        raise ValueError(f"the basis fit of {length} vectors and {samples} samples does not cut evenly")
+    return g, g_inf
 
 
 def matrices(length: int, samples: int, num_basis: int, tau: float, device: torch.device,
-             dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor]:
-    """`_matrices` on `device` in `dtype`."""
+             dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """(G (L, N), G_inf (S + L, N)) on `device` in `dtype`."""
     return tuple(m.to(device=device, dtype=dtype) for m in _matrices(length, samples, num_basis, float(tau)))
+
+
+def even_samples(samples: int, num_basis: int, tau: float, device: torch.device) -> Tensor:
+    """(S, N) psi at S even positions of the old signal (t / tau for t in (0, tau]): no sticky memories."""
+    mu, sigma = basis(num_basis)
+    old = torch.linspace(0.0, tau, samples + 1, dtype=torch.float64)[1:]
+    return evaluate(old / tau, mu, sigma).to(device=device, dtype=torch.float32)
 
 
 def fit(x: Tensor, g: Tensor) -> Tensor:
@@ -154,6 +157,6 @@ def kl_to_prior(mu: Tensor, variance: Tensor, mu_0: float, sigma_0: float) -> Te
     return kl + 0.5 * (mu - mu_0) ** 2 / v0
 
 
-__all__ = ["BASIS_SIGMAS", "RIDGE_PENALTY", "STICKY_BINS", "basis", "bin_mass", "evaluate", "fit",
+__all__ = ["BASIS_SIGMAS", "RIDGE_PENALTY", "STICKY_BINS", "basis", "bin_mass", "evaluate", "even_samples", "fit",
            "gaussian_expectation", "infinity_positions", "kl_to_prior", "matrices", "padded_positions",
            "regression_matrix", "resolved_basis_count", "sticky_positions"]
