@@ -61,6 +61,7 @@ class ReferenceCompressive:
         return torch.stack([s[0] for s in kept]).amax(0), torch.stack([s[1] for s in kept]).amax(0), True
 
     # ------------------------------------------------------------------ one segment of one row
+    @torch.no_grad()
     def step(self, row: int, ids: torch.Tensor):
         """Logits (L, V) of the segment `ids` (L,), the reconstruction loss terms, and the memory update."""
         model, cfg = self.model, self.cfg
