@@ -109,9 +109,13 @@ def engram_bytes_per_row(config: MemoriaGPT2Config, segment_length: int) -> dict
         return {"vectors": c * d * 4, "counts": c * c * count,
                 "slots": c * (4 + 8 + 1 + 4 + 8),  # sq_norms fp32, digest int64, kind int8, lifespan fp32, uid int64
                 "previous_segment": segment_length * (d * 4 + 1), "capacity": c}
-    length = memory_kind(config).cached_slots(segment_length)  # xl, compressive: cached keys/values
+    kind = memory_kind(config)
+    length = kind.cached_slots(segment_length)  # xl, compressive: cached keys/values
     if length:
         return {"keys_values": 2 * config.n_layer * length * d * 2, "capacity": 0}  # 16-bit cache
+    own = kind.row_bytes(segment_length)  # another kind's state (the infinity-former's)
+    if own:
+        return {**own, "capacity": 0}
     return {"capacity": 0}
 
 

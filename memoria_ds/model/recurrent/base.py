@@ -172,6 +172,10 @@ class MemoryKind:
         tokens (the cost planner counts them)."""
         return 0
 
+    def row_bytes(self, segment_length: int) -> dict[str, int]:
+        """Bytes of one row's state by part, for the footprint planner (beyond cached slots); {}: none."""
+        return {}
+
     def auxiliary_loss(self, pending: Any) -> Tensor | None:
         """A loss of the kind's own that the model adds to the LM loss (after `write`), or None."""
         return None

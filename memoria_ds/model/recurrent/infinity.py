@@ -301,6 +301,11 @@ class InfinityKind(MemoryKind):
         cfg = self.config
         return InfinityMemory.empty(batch_size, cfg.n_layer, cfg.n_embd, self._sizes()[0], device)
 
+    def row_bytes(self, segment_length: int) -> dict[str, int]:
+        cfg, n = self.config, self._sizes()[0]
+        return {"hidden": cfg.n_layer * segment_length * cfg.n_embd * 4, "coefficients": cfg.n_layer * n * cfg.n_embd * 4,
+                "mass": cfg.n_layer * continuous.STICKY_BINS * 4}
+
     def check(self, memory: InfinityMemory) -> None:
         cfg, n = self.config, self._sizes()[0]
         if memory.coefficients.shape[1:] != (cfg.n_layer, n, cfg.n_embd):
