@@ -12,8 +12,8 @@ Memory types (SPEC section 2; paper Tables 1, 2, 4, 7):
     compressive  the Compressive Transformer (Rae et al. 2020): xl plus a compressed memory
     infinity     the infinity-former (Martins et al. 2022): a continuous long-term memory attention
 
-A kind's own settings are one dict, `memory_settings`, parsed by the kind
-(`recurrent.KINDS[memory_type].settings_class`; docs/baselines.md).
+A kind's own settings are one dict, `memory_settings`, parsed by the kind's settings class
+(`KIND_SETTINGS`, registered by the kind; docs/baselines.md).
 
 `PRESETS` names the configurations that the paper compares, so every comparison runs
 through the same model class, launcher and evaluation.
@@ -264,22 +264,25 @@ def position_banks(memory_type: str, xl_positions: str) -> int:
     return 2 if memory_type in CACHED_KV_TYPES and xl_positions == "alternate" else 1
 
 
+# memory_type -> the settings class of a kind that has settings; filled by each kind's class
+# (`recurrent.base.MemoryKind.__init_subclass__`), so that this module does not import the kinds
+KIND_SETTINGS: dict[str, Any] = {}
+
+
 def resolve_memory_settings(memory_type: str, settings: dict[str, Any] | None) -> dict[str, Any] | None:
     """A kind's `memory_settings`, every field resolved by the kind's settings class (None: it has none).
 
     Raises:
         ValueError: settings for a kind that takes none, or a bad setting (the kind's message).
     """
-    from .recurrent import KINDS  # the kinds import this module
-
-    kind = KINDS.get(memory_type)
-    if kind is None:
-        return settings  # an unknown memory_type: validate_architecture says so
-    if kind.settings_class is None:
+    if memory_type not in MEMORY_TYPES:
+        return settings  # validate_architecture says so
+    settings_class = KIND_SETTINGS.get(memory_type)
+    if settings_class is None:
         if settings:
             raise ValueError(f"memory type {memory_type!r} takes no `memory_settings`, got {sorted(settings)}")
         return None
-    return kind.settings_class.from_dict(dict(settings or {})).to_dict()
+    return settings_class.from_dict(dict(settings or {})).to_dict()
 
 
 def resolve_preset(preset: str | None, **settings: Any) -> dict[str, Any]:
@@ -314,4 +317,5 @@ def _memory_fields() -> set[str]:
     }
 
 
-__all__ = ["MemoriaGPT2Config", "PRESETS", "MEMORY_TYPES", "CACHED_KV_TYPES", "XL_POSITIONS", "resolve_memory_settings", "position_banks", "DEFAULT_MEMORY_WIDTH_RATIO", "resolve_preset"]
+__all__ = ["MemoriaGPT2Config", "PRESETS", "MEMORY_TYPES", "CACHED_KV_TYPES", "KIND_SETTINGS", "XL_POSITIONS",
+           "resolve_memory_settings", "position_banks", "DEFAULT_MEMORY_WIDTH_RATIO", "resolve_preset"]

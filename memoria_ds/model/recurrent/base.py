@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..config import MemoriaGPT2Config
+from ..config import KIND_SETTINGS, MemoriaGPT2Config
 from ..memory_attention import MemoryInputs
 
 FORMAT = 1  # the version of every memory's `state_dict`
@@ -152,6 +152,11 @@ class MemoryKind:
     # parses the config's `memory_settings` dict: `settings_class.from_dict(d)` (raises ValueError on a bad
     # value, naming it) and `.to_dict()` (every setting, resolved); None: the kind takes no settings
     settings_class: ClassVar[Any] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.settings_class is not None:  # the config resolves `memory_settings` with it
+            KIND_SETTINGS[cls.name] = cls.settings_class
 
     def __init__(self, config: MemoriaGPT2Config) -> None:
         self.config = config
