@@ -14,7 +14,8 @@ Shapes (random weights; only the shapes matter for timing):
     tiny12x64   12 x 64, 4 heads (launch-bound: what each extra small operation costs)
 
 Variants (`--variants`, comma separated): `transformer` (the plain backbone, the
-reference of every ratio), `xl`, `memoria` (the default: the authors' sequential block,
+reference of every ratio), `xl`, `compressive`, `infinity` (docs/baselines.md), `memoria`
+(the default: the authors' sequential block,
 memory attention at 1/8 of the width, every block), `memoria_fast` (the `memoria_fast`
 preset: one query and one output projection for both uses), `memoria_full_width` (the
 authors' width), `memoria_width=R` (the default block at width R * n_embd) and
@@ -102,7 +103,7 @@ def variant_settings(name: str, n_layer: int) -> tuple[str, dict]:
         return "memoria", {"memory_layers": list(range(every - 1, n_layer, every))}
     if name.startswith("memoria_width="):
         return "memoria", {"memory_inner_dim_ratio": float(name.split("=", 1)[1])}
-    presets = ("transformer", "xl", "memoria", "memoria_fast", "memoria_full_width")
+    presets = ("transformer", "xl", "memoria", "memoria_fast", "memoria_full_width", "compressive", "infinity")
     if name not in presets:
         raise SystemExit(f"unknown variant {name!r}; known: {sorted(presets)}, memoria_layers=K or memoria_width=R")
     return name, {}
@@ -113,6 +114,7 @@ def make_model(name: str, a: argparse.Namespace) -> torch.nn.Module:
     name, whole = model_compile_mode(name)
     preset, extra = variant_settings(name, shape["n_layer"])
     backbone = GPT2Config(n_positions=1024, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **shape)
+    extra.setdefault("segment_length", a.segment)  # the infinity-former's basis: one function per token
     model = build_model(backbone, preset, memory_init="random", attn_implementation=a.attn, **extra)
     model = model.to(device=a.device, dtype=DTYPES[a.dtype]).train()
     if whole is not None:

@@ -235,6 +235,7 @@ def make_model(spec: str, a: argparse.Namespace, seed: int) -> tuple[torch.nn.Mo
                    "stm_capacity": 8 * a.num_wm}  # fmt: skip
         memoria.update(settings.pop("memoria", {}))
         settings["memoria"] = memoria
+    settings.setdefault("segment_length", a.segment)  # e.g. the infinity-former's basis: one function per token
     torch.manual_seed(seed)  # every preset draws the same backbone for one seed (tests/model/test_noop_init.py)
     return build_model(backbone, preset, **settings), knobs
 

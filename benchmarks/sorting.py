@@ -76,6 +76,7 @@ def make_model(spec: str, a: argparse.Namespace, seed: int) -> tuple[torch.nn.Mo
     if PRESETS[preset]["memory_type"] == "memoria":
         settings["memoria"] = {**memory_sizes(a.segment), **settings.get("memoria", {})}
         settings.setdefault("memory_inner_dim_ratio", a.memory_width)  # the reproduction's, unless the variant says
+    settings.setdefault("segment_length", a.segment)  # e.g. the infinity-former's basis: one function per token
     torch.manual_seed(seed)  # every preset draws the same backbone for one seed
     return build_model(backbone, preset, **settings), knobs
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce paper Table 1: language modelling from scratch (GPT-2 small shape) on WikiText-103, PG-19 (segment
-# 150) and enwik8 (segment 512): Transformer, Transformer-XL, Memoria. Choices:
-# --corpora wikitext103,pg19,enwik8 --models transformer,xl,memoria.
+# 150) and enwik8 (segment 512): Transformer, Transformer-XL, Compressive Transformer, infinity-former, Memoria. Choices:
+# --corpora wikitext103,pg19,enwik8 --models transformer,xl,compressive,infinity,memoria.
 #
 #   bash launch/repro/table1.sh [--mode run|dry-run|smoke] [--topology single-gpu|node|multinode]
 #       [--gpus N] [--hostfile H] [--run-root DIR] [choices above] [-- training overrides]

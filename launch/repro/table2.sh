@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce paper Table 2: WikiText-103 from scratch with segment length 50 (Memoria N_wm = K_stm = K_ltm = 16,
-# C_stm = 128). Choices: --models transformer,xl,memoria.
+# C_stm = 128). Choices: --models transformer,xl,compressive,infinity,memoria.
 #
 #   bash launch/repro/table2.sh [--mode run|dry-run|smoke] [--topology single-gpu|node|multinode]
 #       [--gpus N] [--hostfile H] [--run-root DIR] [choices above] [-- training overrides]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Reproduce paper Table 4: the sorting task, segment lengths 256/512/1024 x 4/8/16/32 segments, Transformer-XL and
-# Memoria. Choices: --segment-lengths 256,512,1024 --segments 4,8,16,32 --models xl,memoria.
+# Reproduce paper Table 4: the sorting task, segment lengths 256/512/1024 x 4/8/16/32 segments, Transformer-XL,
+# Compressive Transformer, infinity-former and Memoria. Choices: --segment-lengths 256,512,1024 --segments 4,8,16,32 --models xl,compressive,infinity,memoria.
 #
 #   bash launch/repro/table4.sh [--mode run|dry-run|smoke] [--topology single-gpu|node|multinode]
 #       [--gpus N] [--hostfile H] [--run-root DIR] [choices above] [-- training overrides]

@@ -6,9 +6,14 @@ added, so the unmodified HF `GPT2Model` is built from it directly and a GPT-2 ch
 
 Memory types (SPEC section 2; paper Tables 1, 2, 4, 7):
 
-    none     the plain backbone (the paper's "Transformer")
-    xl       Transformer-XL-style recurrence over cached keys/values
-    memoria  Memoria: abstractor -> remind -> memory cross-attention -> memorize
+    none         the plain backbone (the paper's "Transformer")
+    xl           Transformer-XL-style recurrence over cached keys/values
+    memoria      Memoria: abstractor -> remind -> memory cross-attention -> memorize
+    compressive  the Compressive Transformer (Rae et al. 2020): xl plus a compressed memory
+    infinity     the infinity-former (Martins et al. 2022): a continuous long-term memory attention
+
+A kind's own settings are one dict, `memory_settings`, parsed by the kind's settings class
+(`KIND_SETTINGS`, registered by the kind; docs/baselines.md).
 
 `PRESETS` names the configurations that the paper compares, so every comparison runs
 through the same model class, launcher and evaluation.
@@ -24,7 +29,9 @@ from transformers import GPT2Config
 
 from ..memory import COMPILE_MODES, MemoriaConfig
 
-MEMORY_TYPES = ("none", "xl", "memoria")
+MEMORY_TYPES = ("none", "xl", "memoria", "compressive", "infinity")
+# kinds that cache keys/values at the positions they were computed at (`xl_positions` applies)
+CACHED_KV_TYPES = ("xl", "compressive")
 ATTENTION_MODES = ("sequential", "parallel")
 INIT_MODES = ("noop", "random")
 ABSTRACTOR_STYLES = ("transformer", "authors")
@@ -46,15 +53,25 @@ PRESETS: dict[str, dict[str, Any]] = {
     "memoria_full_width": {"memory_type": "memoria", "memory_inner_dim_ratio": 1.0},
     # One layer norm and one query for both uses, one output projection (docs/model.md).
     "memoria_fast": {"memory_type": "memoria", "memory_attention_mode": "parallel"},
+    # The paper's Compressive Transformer baseline: half the memory uncompressed, half
+    # compressed at rate 4 by a 1D convolution (docs/baselines.md)
+    "compressive": {"memory_type": "compressive", "xl_positions": "alternate"},
+    # The paper's infinity-former baseline, initialised as the authors' code does (random
+    # long-term attention; `memory_init="noop"` starts it at exactly the backbone)
+    "infinity": {"memory_type": "infinity", "memory_init": "random"},
 }
 
-# The memory settings each kind reads (`MemoriaGPT2Config` fields); given to a model of another
-# kind they change nothing, and a run says so (`idle_settings`).
+# The memory settings only some kinds read (`MemoriaGPT2Config` fields); given to a model of
+# another kind they change nothing, and a run says so (`idle_settings`). Fields every kind may
+# read (`memory_type`, `segment_length`, `memory_init`) and a kind's own `memory_settings`
+# (validated by that kind) are not listed.
 SETTINGS_OF_KIND: dict[str, frozenset[str]] = {
     "none": frozenset(),
     "xl": frozenset({"xl_memory_length", "xl_positions"}),
     "memoria": frozenset({"memoria", "memory_layers", "memory_heads", "memory_inner_dim", "memory_inner_dim_ratio",
-                          "memory_attention_mode", "memory_init", "abstractor_style", "memory_compile"}),
+                          "memory_attention_mode", "abstractor_style", "memory_compile"}),
+    "compressive": frozenset({"xl_positions"}),
+    "infinity": frozenset(),
 }
 
 
@@ -90,7 +107,10 @@ class MemoriaGPT2Config(GPT2Config):
     Every `GPT2Config` field keeps its meaning. Added fields:
 
     Args:
-        memory_type: `"none"`, `"xl"` or `"memoria"`.
+        memory_type: one of `MEMORY_TYPES` (`"none"`, `"xl"`, `"memoria"`, `"compressive"`, `"infinity"`).
+        memory_settings: the settings of a kind that has its own (`compressive`, ...), as a
+            dict of its settings class's fields (missing ones take its defaults). Stored
+            fully resolved; None for a kind without settings.
         memoria: Memoria settings as a dict of `memoria_ds.memory.MemoriaConfig` fields
             (missing ones take the paper's WikiText-103 defaults). Stored fully resolved.
         memory_layers: blocks (0-based) that get a memory cross-attention; `None` = every
@@ -114,7 +134,7 @@ class MemoriaGPT2Config(GPT2Config):
             layers with no activation: what the authors' code does).
         xl_memory_length: keys/values per layer kept by `xl`; `None` = the previous
             segment's length.
-        xl_positions: how `xl` places a segment among GPT-2's absolute positions.
+        xl_positions: how `xl` (and every kind in `CACHED_KV_TYPES`) places a segment among GPT-2's absolute positions.
             `"shared"`: every segment at 0..L-1, so a cached key and a current key of the
             same place in their segments carry the same position (what configs saved
             without this field mean). `"alternate"`: segments since a reset alternate
@@ -133,6 +153,7 @@ class MemoriaGPT2Config(GPT2Config):
 
     memory_type: str = "memoria"
     memoria: dict[str, Any] | None = None
+    memory_settings: dict[str, Any] | None = None
     memory_layers: list[int] | None = None
     memory_heads: int | None = None
     memory_inner_dim: int | None = None
@@ -148,6 +169,7 @@ class MemoriaGPT2Config(GPT2Config):
     def __post_init__(self, **kwargs: Any) -> None:
         # resolve the Memoria settings once (capacity included), so config.json is explicit
         self.memoria = MemoriaConfig.from_dict(dict(self.memoria or {})).to_dict()
+        self.memory_settings = resolve_memory_settings(self.memory_type, self.memory_settings)
         super().__post_init__(**kwargs)
 
     # ------------------------------------------------------------------ validation
@@ -260,7 +282,28 @@ class MemoriaGPT2Config(GPT2Config):
 
 def position_banks(memory_type: str, xl_positions: str) -> int:
     """Banks of positions a model's segments alternate between: a segment may use n_positions // banks."""
-    return 2 if memory_type == "xl" and xl_positions == "alternate" else 1
+    return 2 if memory_type in CACHED_KV_TYPES and xl_positions == "alternate" else 1
+
+
+# memory_type -> the settings class of a kind that has settings; filled by each kind's class
+# (`recurrent.base.MemoryKind.__init_subclass__`), so that this module does not import the kinds
+KIND_SETTINGS: dict[str, Any] = {}
+
+
+def resolve_memory_settings(memory_type: str, settings: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A kind's `memory_settings`, every field resolved by the kind's settings class (None: it has none).
+
+    Raises:
+        ValueError: settings for a kind that takes none, or a bad setting (the kind's message).
+    """
+    if memory_type not in MEMORY_TYPES:
+        return settings  # validate_architecture says so
+    settings_class = KIND_SETTINGS.get(memory_type)
+    if settings_class is None:
+        if settings:
+            raise ValueError(f"memory type {memory_type!r} takes no `memory_settings`, got {sorted(settings)}")
+        return None
+    return settings_class.from_dict(dict(settings or {})).to_dict()
 
 
 def resolve_preset(preset: str | None, **settings: Any) -> dict[str, Any]:
@@ -268,11 +311,12 @@ def resolve_preset(preset: str | None, **settings: Any) -> dict[str, Any]:
     if preset is not None and preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
     values = dict(PRESETS[preset]) if preset is not None else {}
-    memoria = dict(values.pop("memoria", None) or {})
-    memoria.update(settings.pop("memoria", None) or {})
+    merged = {}
+    for key in ("memoria", "memory_settings"):
+        merged[key] = dict(values.pop(key, None) or {})
+        merged[key].update(settings.pop(key, None) or {})
     values.update(settings)
-    if memoria:
-        values["memoria"] = memoria
+    values.update({key: value for key, value in merged.items() if value})
     return values
 
 
@@ -280,6 +324,7 @@ def _memory_fields() -> set[str]:
     return {
         "memory_type",
         "memoria",
+        "memory_settings",
         "memory_layers",
         "memory_heads",
         "memory_inner_dim",
@@ -293,4 +338,6 @@ def _memory_fields() -> set[str]:
     }
 
 
-__all__ = ["MemoriaGPT2Config", "PRESETS", "MEMORY_TYPES", "SETTINGS_OF_KIND", "idle_settings", "XL_POSITIONS", "position_banks", "DEFAULT_MEMORY_WIDTH_RATIO", "resolve_preset"]
+__all__ = ["MemoriaGPT2Config", "PRESETS", "MEMORY_TYPES", "CACHED_KV_TYPES", "KIND_SETTINGS", "SETTINGS_OF_KIND",
+           "idle_settings", "XL_POSITIONS", "resolve_memory_settings", "position_banks", "DEFAULT_MEMORY_WIDTH_RATIO",
+           "resolve_preset"]

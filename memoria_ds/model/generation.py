@@ -67,7 +67,7 @@ class MemoryGenerationMixin(GenerationMixin):
         dtype = self.transformer.wte.weight.dtype
         kind = self.memory_kind
         memory = kind.prepare(memory, batch_size, device, dtype, None)
-        return kind.frozen_read(memory, dtype, self.abstractor)
+        return kind.frozen_read(memory, dtype, self.kind_module)
 
     @torch.no_grad()
     def generate(

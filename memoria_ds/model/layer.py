@@ -29,6 +29,7 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
 from .config import MemoriaGPT2Config
 from .memory_attention import MemoryAttention, MemoryInputs
+from .recurrent.base import MemoryRead
 from .extended_attention import ExtendedKeyValues
 from .hf_compat import ATTENTION_CACHE
 
@@ -42,12 +43,17 @@ class BlockInputs:
         memory: Memoria's per-forward inputs, or None.
         cache: HF decode cache of the current segment (generation), or None.
         collect_kv: return this segment's keys/values (Transformer-XL builds its next memory from them).
+        collect_queries: return this segment's self-attention queries too (a kind's training loss uses them).
+        side: a read whose `side_attention` adds to every block's self-attention output (the
+            infinity-former's long-term memory), or None.
     """
 
     attention_mask: Tensor | None
     memory: MemoryInputs | None
     cache: Cache | None
     collect_kv: bool
+    collect_queries: bool = False
+    side: MemoryRead | None = None
 
 
 class MemoryBlock(GradientCheckpointingLayer):
@@ -85,7 +91,7 @@ class MemoryBlock(GradientCheckpointingLayer):
         *,
         block: GPT2Block,
         inputs: BlockInputs,
-    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    ) -> tuple[Tensor | None, ...]:
         """Run `block` with the memory.
 
         Tensors that may need gradients are positional (reentrant checkpointing only
@@ -107,16 +113,35 @@ class MemoryBlock(GradientCheckpointingLayer):
         if inputs.collect_kv or memory_keys is not None or inputs.cache is not None:
             kv = ExtendedKeyValues(memory_keys, memory_values, inputs.cache)
         residual = hidden
-        attn_output, _ = block.attn(block.ln_1(hidden), attention_mask=inputs.attention_mask, **{ATTENTION_CACHE: kv})
+        queries: list[Tensor] = []
+        handle = None
+        if inputs.collect_queries or inputs.side is not None:  # GPT2Attention keeps its queries: read c_attn's (q | k | v)
+            width = block.attn.split_size
+            handle = block.attn.c_attn.register_forward_hook(lambda m, i, out: queries.append(out[..., :width]))
+        try:
+            attn_output, _ = block.attn(block.ln_1(hidden), attention_mask=inputs.attention_mask,
+                                        **{ATTENTION_CACHE: kv})
+        finally:
+            if handle is not None:
+                handle.remove()
+        heads = None
+        if queries:  # (B, L, D) -> (B, H, L, hd), as GPT2Attention shapes them
+            q = queries[-1]
+            heads = q.view(*q.shape[:-1], -1, block.attn.head_dim).transpose(1, 2)
+        side: tuple[Tensor, ...] = ()
+        if inputs.side is not None:
+            extra, side = inputs.side.side_attention(self.layer_idx, residual, heads)
+            attn_output = attn_output + extra
         hidden = attn_output + residual
         weights = None
         if self.memory_attention is not None:
             hidden, weights = self.memory_attention(hidden, engrams, inputs.memory)
         residual = hidden
         hidden = residual + block.mlp(block.ln_2(hidden))
+        query = heads.detach() if heads is not None and inputs.collect_queries else None
         if inputs.collect_kv and kv is not None and kv.current is not None:
-            return hidden, weights, kv.current[0].detach(), kv.current[1].detach()
-        return hidden, weights, None, None
+            return hidden, weights, kv.current[0].detach(), kv.current[1].detach(), query, *side
+        return hidden, weights, None, None, query, *side
 
 
 __all__ = ["MemoryBlock", "BlockInputs"]

@@ -93,7 +93,7 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
     base_model_prefix = "transformer"
     _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
     # the memory modules are expected to be missing when a plain GPT-2 checkpoint is loaded
-    _keys_to_ignore_on_load_missing = [r"memory_blocks\.", r"abstractor\."]
+    _keys_to_ignore_on_load_missing = [r"memory_blocks\.", r"abstractor\.", r"memory_net\."]
     _no_split_modules = ["GPT2Block", "MemoryBlock"]
     _supports_flash_attn = False
     _supports_flex_attn = False
@@ -115,6 +115,7 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
                 activation=config.activation_function,
                 style=config.abstractor_style,
             )
+        self.memory_net = memory_kind(config).build_module()  # a kind's own weights (e.g. compression), or None
         self.post_init()
         self.memory_kind  # made now, outside any compiled forward (its settings parse is not traceable)
 
@@ -139,12 +140,19 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             else:
                 std = self.config.initializer_range / math.sqrt(2 * self.config.n_layer)
                 init.normal_(module.weight, mean=0.0, std=std)
-            init.zeros_(module.bias)
+            if module.bias is not None:
+                init.zeros_(module.bias)
 
     def memory_modules(self) -> list[nn.Module]:
-        """The modules Memoria adds (abstractor and memory attentions); all trainable."""
+        """The modules the memory adds (abstractor, memory attentions, the kind's `memory_net`); all trainable."""
         mods: list[nn.Module] = [b.memory_attention for b in self.memory_blocks if b.memory_attention is not None]
-        return ([self.abstractor] if self.abstractor is not None else []) + mods
+        own = [m for m in (self.abstractor, self.memory_net) if m is not None]
+        return own + mods
+
+    @property
+    def kind_module(self) -> nn.Module | None:
+        """The module the memory kind reads with: Memoria's abstractor, the kind's `memory_net`, or None."""
+        return self.memory_net if self.memory_net is not None else self.abstractor
 
     def get_input_embeddings(self) -> nn.Module:
         return self.transformer.wte
@@ -228,7 +236,7 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             read, pending, memory = memory_context, None, None
         else:
             memory = kind.prepare(memory, B, device, dtype, reset)
-            read, pending = kind.read(memory, dtype, self.abstractor)
+            read, pending = kind.read(memory, dtype, self.kind_module)
         positions = read.positions(torch.arange(past, past + L, device=device)[None])  # (1 or B, L)
         hidden = self.transformer.drop(self.transformer.wte(input_ids) + self.transformer.wpe(positions))  # (B, L, D)
         key_padding = attention_mask.to(device=device, dtype=torch.bool) if attention_mask is not None else None
@@ -240,6 +248,8 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             memory=read.memory_inputs(query_mask, use_sdpa=cfg._attn_implementation == "sdpa"),
             cache=past_key_values,
             collect_kv=read.collects_kv and not decoding,
+            collect_queries=read.collects_queries and not decoding,
+            side=read if read.has_side else None,
         )
         writes = BlockWrites()
         for i, (block, layer) in enumerate(zip(self.transformer.h, self.memory_blocks)):
@@ -259,6 +269,9 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
         if not decoding:
             valid = query_mask if query_mask is not None else torch.ones(B, L, dtype=torch.bool, device=device)
             stats = kind.write(memory, read, pending, writes, hidden, valid)
+            extra = kind.auxiliary_loss(pending)
+            if extra is not None and loss is not None:
+                loss = loss + extra
         return MemoriaCausalLMOutput(
             loss=loss,
             logits=logits,

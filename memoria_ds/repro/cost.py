@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from ..data.streams import StreamLayout
 from ..model import MemoriaGPT2Config
+from ..model.recurrent import memory_kind
 from ..train.config import RunConfig
 
 A100_BF16_PEAK = 312e12
@@ -149,7 +150,7 @@ class Cost:
 
 def flops_per_token(config: MemoriaGPT2Config, params: int, segment_length: int) -> float:
     """Training FLOPs (forward + backward) per token."""
-    keys = segment_length / 2 + ((config.xl_memory_length or segment_length) if config.memory_type == "xl" else 0)
+    keys = segment_length / 2 + memory_kind(config).cached_slots(segment_length)
     flops = 6.0 * params + 12.0 * config.n_layer * config.n_embd * keys
     if config.memory_type == "memoria":
         mem = config.memoria_config

@@ -33,6 +33,7 @@ import torch
 
 from ..data import VOCAB_SIZE, enwik8_vocabulary
 from ..model import MemoriaGPT2Config
+from ..model.recurrent import memory_kind
 from ..train.build import GPT2_SHAPES, from_scratch_backbone
 from ..train.config import RunConfig
 from ..train.engine import zero_model_state_bytes
@@ -108,16 +109,20 @@ def engram_bytes_per_row(config: MemoriaGPT2Config, segment_length: int) -> dict
         return {"vectors": c * d * 4, "counts": c * c * count,
                 "slots": c * (4 + 8 + 1 + 4 + 8),  # sq_norms fp32, digest int64, kind int8, lifespan fp32, uid int64
                 "previous_segment": segment_length * (d * 4 + 1), "capacity": c}
-    if config.memory_type == "xl":
-        length = config.xl_memory_length or segment_length
+    kind = memory_kind(config)
+    length = kind.cached_slots(segment_length)  # xl, compressive: cached keys/values
+    if length:
         return {"keys_values": 2 * config.n_layer * length * d * 2, "capacity": 0}  # 16-bit cache
+    own = kind.row_bytes(segment_length)  # another kind's state (the infinity-former's)
+    if own:
+        return {**own, "capacity": 0}
     return {"capacity": 0}
 
 
 def activation_bytes(config: MemoriaGPT2Config, micro_batch: int, segment_length: int) -> float:
     """Activations of one micro-batch forward+backward, 16-bit, no recomputation (rough)."""
     s, b, h, a, n = segment_length, micro_batch, config.n_embd, config.n_head, config.n_layer
-    keys = s + ((config.xl_memory_length or s) if config.memory_type == "xl" else 0)
+    keys = s + memory_kind(config).cached_slots(s)
     total = n * s * b * h * (34 + 5 * a * keys / h)
     if config.memory_type == "memoria":  # per memory block: 2 layer norms, q/out projections, probabilities
         mem = config.memoria_config

@@ -160,6 +160,10 @@ def report(runs: list[PlannedRun], topology: Topology, *, full_config: bool, gpu
                    f"fp32, counts {fp.fmt_bytes(row['counts'])}, previous segment {fp.fmt_bytes(row['previous_segment'])})")
         elif "keys_values" in row:
             mem = f"XL cache {f.rows_per_rank} rows x {fp.fmt_bytes(row['keys_values'])} = {fp.fmt_bytes(f.engram_bytes)}"
+        elif len(row) > 1:  # a kind's own state (memory_kind(config).row_bytes)
+            parts = ", ".join(f"{k} {fp.fmt_bytes(v)}" for k, v in row.items() if k != "capacity")
+            mem = (f"recurrent state {f.rows_per_rank} rows x {fp.fmt_bytes(f.engram_bytes / f.rows_per_rank)} = "
+                   f"{fp.fmt_bytes(f.engram_bytes)} ({parts})")
         else:
             mem = "no recurrent memory"
         cpu = f" (CPU {fp.fmt_bytes(f.model_states['cpu'])} per node)" if f.model_states["cpu"] else ""

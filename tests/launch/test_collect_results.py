@@ -116,7 +116,7 @@ def test_tables_beside_the_papers_numbers(runs, tmp_path):
     md = Path(info["markdown"]).read_text()
     assert "| Memoria GPT-2 | WikiText-103 PPL | 18.986 | 19.500 | 19.250 | complete |" in md
     assert "| + Long-term Memory | 4 segments of 1024 | 82.27 | 80.00 | complete |" in md
-    assert "not implemented in memoria_ds (paper only)" in md
+    assert "| not run | `scratch/pg19-L150-infinity` |" in md  # every model of the paper's tables has a run
     assert "- paper: test split, segments of 150, 1 stream(s), resets never, 149 of 150 scored per segment" in md
     assert "## Runs that match no paper experiment" in md and "other/bundled" in md
 

@@ -51,7 +51,8 @@ def test_tables_hold_the_papers_numbers():
     # Table 7's "+ Long-term Memory" at 4-32 segments is Table 4's Memoria run: trained once
     t7 = {c.column: c.experiment for c in TABLES["table7"].cells if c.row == "+ Long-term Memory"}
     assert t7["4 segments of 1024"] == "sorting/L1024-n4-memoria" in TABLES["table4"].experiment_ids()
-    assert {len(TABLES[t].experiment_ids()) for t in TABLES} == {6, 9, 3, 24, 20}
+    assert {len(TABLES[t].experiment_ids()) for t in TABLES} == {6, 15, 5, 48, 20}
+    assert all(c.experiment is not None for t in ("table1", "table2", "table4") for c in TABLES[t].cells)
 
 
 def test_experiments_resolve_to_the_papers_settings():
@@ -88,8 +89,8 @@ def test_entry_base_overrides_match_launch_pretrain():
 def test_select_filters_and_explains():
     assert [e.id for e in select("table5", {"size": ["gpt2-xl"], "model": ["memoria"]})] == \
         ["finetune/wikitext103-L150-gpt2-xl-memoria"]
-    assert len(select("table4", {"segment_length": ["1024"]})) == 8
-    assert len(select("table4", entries=["sorting/L256-*"])) == 8
+    assert len(select("table4", {"segment_length": ["1024"]})) == 16  # 4 models x 4 segment counts
+    assert len(select("table4", entries=["sorting/L256-*"])) == 16
     with pytest.raises(ValueError, match="no `size` choice"):
         select("table1", {"size": ["gpt2"]})
     with pytest.raises(ValueError, match=r"unknown segments \['5'\]; available: \['4', '8', '16', '32', '47'\]"):

@@ -137,4 +137,8 @@ def test_settings_of_another_memory_kind_are_named_as_idle():
     from memoria_ds.model.config import _memory_fields
 
     named = frozenset().union(*SETTINGS_OF_KIND.values())
-    assert _memory_fields() - named == {"memory_type", "segment_length"}
+    assert _memory_fields() - named == {"memory_type", "segment_length", "memory_init", "memory_settings"}
+    # every kind is listed
+    from memoria_ds.model.config import MEMORY_TYPES
+
+    assert set(SETTINGS_OF_KIND) == set(MEMORY_TYPES)

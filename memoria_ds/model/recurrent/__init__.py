@@ -3,6 +3,8 @@
     none     `NoMemory`       the plain backbone
     xl       `XLMemory`       Transformer-XL cached keys/values
     memoria  `MemoriaMemory`  the paper's engram memory
+    compressive  `CompressiveMemory`  the Compressive Transformer (xl + compressed memory)
+    infinity     `InfinityMemory`     the infinity-former (continuous long-term memory)
 
 `memory_kind(config)` gives the kind a model runs; `memory_from_state_dict` rebuilds a
 saved memory of any kind.
@@ -16,12 +18,15 @@ import torch
 
 from ...memory import MemoriaConfig
 from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead
+from .compressive import CompressiveKind, CompressiveMemory, CompressiveRead, CompressiveSettings
+from .infinity import InfinityKind, InfinityMemory, InfinityRead, InfinitySettings
 from .memoria import MemoriaKind, MemoriaMemory, MemoriaRead
 from .none import NoMemory, NoneKind
 from .xl import XLKind, XLMemory, XLRead
 
-KINDS: dict[str, type[MemoryKind]] = {kind.name: kind for kind in (NoneKind, XLKind, MemoriaKind)}
-RecurrentMemory = Union[NoMemory, XLMemory, MemoriaMemory]
+KINDS: dict[str, type[MemoryKind]] = {kind.name: kind for kind in (NoneKind, XLKind, MemoriaKind, CompressiveKind,
+                                                                  InfinityKind)}
+RecurrentMemory = Union[NoMemory, XLMemory, MemoriaMemory, CompressiveMemory, InfinityMemory]
 
 
 def memory_kind(config: Any) -> MemoryKind:
@@ -69,5 +74,7 @@ def _non_finite(tree: Any, name: str = "") -> str | None:
 __all__ = [
     "FORMAT", "KINDS", "BlockWrites", "MemoryKind", "MemoryRead", "RecurrentMemory",
     "NoMemory", "NoneKind", "XLMemory", "XLRead", "XLKind", "MemoriaMemory", "MemoriaRead", "MemoriaKind",
+    "CompressiveMemory", "CompressiveRead", "CompressiveKind", "CompressiveSettings",
+    "InfinityMemory", "InfinityRead", "InfinityKind", "InfinitySettings",
     "memory_kind", "memory_from_state_dict",
 ]

@@ -3,10 +3,17 @@
 One forward of the model is one memory step, the same for every kind:
 
     memory = kind.prepare(memory, B, device, reset)        # fresh if None; checked; rows reset
-    read, pending = kind.read(memory, dtype, abstractor)   # what the blocks attend to
+    read, pending = kind.read(memory, dtype, module)       # what the blocks attend to
     hidden = blocks(embed(ids, read.positions(...)), read) # self-attention (+ read.layer_kv),
                                                            # memory attention (+ read.engrams)
     stats = kind.write(memory, read, pending, writes, hidden, valid)   # after the blocks
+    loss = loss + kind.auxiliary_loss(pending)             # when the kind trains one (else None)
+
+`module` is the model's trainable module of this kind: Memoria's abstractor, or the
+`nn.Module` that `kind.build_module()` made once when the model was built (registered as
+`memory_net`; e.g. the Compressive Transformer's compression network), or None. A kind's
+own settings are the config's `memory_settings` dict, parsed by its `settings_class`
+(`kind.settings`).
 
 `read` is a `MemoryRead`: the per-forward view of the memory that the blocks need, and
 nothing else. Decoding inside `generate()` attends to a *frozen* read
@@ -15,7 +22,7 @@ whatever the kind must carry from its read to its write (Memoria's retrieval), o
 the model. The memory objects are updated in place by `write` (the engine state is large)
 and their row operations come from `BatchRows`.
 
-One file per kind: `none.py`, `xl.py`, `memoria.py`; `KINDS` in `__init__.py`.
+One file per kind: `none.py`, `xl.py`, `memoria.py`, `compressive.py`, ...; `KINDS` in `__init__.py`.
 
 Notation: B rows, L tokens, D width, M cached slots, H heads, hd head width.
 """
@@ -28,7 +35,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..config import MemoriaGPT2Config
+from ..config import KIND_SETTINGS, MemoriaGPT2Config
 from ..memory_attention import MemoryInputs
 
 FORMAT = 1  # the version of every memory's `state_dict`
@@ -49,11 +56,15 @@ class MemoryRead:
         engrams: (B, E, D) vectors every memory attention attends to, or None.
         slot_mask: (B, M) bool, which cached self-attention slots hold a token, or None.
         collects_kv: the blocks return this segment's keys/values (for the kind's write).
+        collects_queries: the blocks also return this segment's self-attention queries
+            (detached; e.g. for the Compressive Transformer's reconstruction loss).
     """
 
     engrams: Tensor | None
     slot_mask: Tensor | None
     collects_kv: ClassVar[bool] = False
+    collects_queries: ClassVar[bool] = False
+    has_side: ClassVar[bool] = False  # `side_attention` adds to every block's self-attention output
 
     def positions(self, positions: Tensor) -> Tensor:
         """The absolute positions to embed, given the segment's (1, L) positions."""
@@ -66,6 +77,19 @@ class MemoryRead:
     def memory_inputs(self, query_mask: Tensor | None, use_sdpa: bool) -> MemoryInputs | None:
         """The per-forward inputs of the memory attentions (None: no memory attention input)."""
         return None
+
+    def side_attention(self, layer: int, hidden: Tensor, queries: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """A kind's own attention beside block `layer`'s self-attention (when `has_side`).
+
+        Args:
+            hidden: (B, L, D) the block's input. queries: (B, H, L, hd) its self-attention's
+                queries (with their gradient).
+
+        Returns:
+            (B, L, D) added to the self-attention's output, and tensors for the kind's write
+            (`BlockWrites.side`, one tuple per block).
+        """
+        raise NotImplementedError
 
     def take_rows(self, rows: Tensor | list[int]) -> MemoryRead:
         """The read of `rows` (HF expands a read for beams); a read of nothing is itself."""
@@ -86,23 +110,37 @@ class BlockWrites:
     Attributes:
         weights: (B, R) contribution weights of each memory attention.
         keys / values: (B, H, L, hd) this segment's detached keys/values (when the read collects them).
+        queries: (B, H, L, hd) this segment's detached self-attention queries (when the read collects them).
+        side: per block, the tensors a side read's `side_attention` returned.
     """
 
     weights: list[Tensor] = field(default_factory=list)
     keys: list[Tensor] = field(default_factory=list)
     values: list[Tensor] = field(default_factory=list)
+    queries: list[Tensor] = field(default_factory=list)
+    side: list[tuple[Tensor, ...]] = field(default_factory=list)
 
-    def add(self, weights: Tensor | None, keys: Tensor | None, values: Tensor | None) -> None:
+    def add(
+        self, weights: Tensor | None, keys: Tensor | None, values: Tensor | None, queries: Tensor | None = None,
+        *side: Tensor,
+    ) -> None:
         if weights is not None:
             self.weights.append(weights)
         if keys is not None:
             self.keys.append(keys)
             self.values.append(values)
+        if queries is not None:
+            self.queries.append(queries)
+        if side:
+            self.side.append(side)
 
 
 class MemoryKind:
-    """Base of the three kinds. Subclasses set `name` and `memory_class` and implement
-    `empty`, `read` and `write`; `prepare` and `frozen_read` are shared.
+    """Base of the kinds. Subclasses set `name` and `memory_class` and implement
+    `empty`, `read` and `write`; `prepare` and `frozen_read` are shared. A kind with
+    settings of its own sets `settings_class`; one with trainable weights outside the
+    backbone's blocks implements `build_module`; one with a training loss of its own
+    implements `auxiliary_loss`.
 
     Args:
         config: the model's config (read at each call, so later edits to it apply).
@@ -111,9 +149,41 @@ class MemoryKind:
     name: ClassVar[str]
     memory_class: ClassVar[type]
     carries_state: ClassVar[bool] = True  # False: nothing crosses segments (decode caches may be used freely)
+    # parses the config's `memory_settings` dict: `settings_class.from_dict(d)` (raises ValueError on a bad
+    # value, naming it) and `.to_dict()` (every setting, resolved); None: the kind takes no settings
+    settings_class: ClassVar[Any] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.settings_class is not None:  # the config resolves `memory_settings` with it
+            KIND_SETTINGS[cls.name] = cls.settings_class
 
     def __init__(self, config: MemoriaGPT2Config) -> None:
         self.config = config
+
+    @property
+    def settings(self) -> Any:
+        """This kind's typed settings (from `config.memory_settings`), or None."""
+        if self.settings_class is None:
+            return None
+        return self.settings_class.from_dict(dict(self.config.memory_settings or {}))
+
+    def build_module(self) -> nn.Module | None:
+        """The trainable module of this kind, made once by the model (`model.memory_net`); None: none."""
+        return None
+
+    def cached_slots(self, segment_length: int) -> int:
+        """Key/value slots per layer that each segment's self-attention attends to besides its own
+        tokens (the cost planner counts them)."""
+        return 0
+
+    def row_bytes(self, segment_length: int) -> dict[str, int]:
+        """Bytes of one row's state by part, for the footprint planner (beyond cached slots); {}: none."""
+        return {}
+
+    def auxiliary_loss(self, pending: Any) -> Tensor | None:
+        """A loss of the kind's own that the model adds to the LM loss (after `write`), or None."""
+        return None
 
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> Any:
         """A fresh memory of this kind for `batch_size` rows."""
@@ -154,7 +224,10 @@ class MemoryKind:
         return memory
 
     def read(self, memory: Any, dtype: torch.dtype, abstractor: nn.Module | None) -> tuple[MemoryRead, Any]:
-        """What this segment's blocks attend to, and what `write` needs from the read."""
+        """What this segment's blocks attend to, and what `write` needs from the read.
+
+        `abstractor` is the model's module of this kind (Memoria's abstractor, `memory_net`, or None).
+        """
         raise NotImplementedError
 
     def frozen_read(self, memory: Any, dtype: torch.dtype, abstractor: nn.Module | None) -> MemoryRead:

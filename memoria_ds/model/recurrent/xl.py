@@ -194,6 +194,9 @@ class XLKind(MemoryKind):
             offset = (memory.segments % cfg.position_banks) * cfg.positions_per_segment
         return XLRead(memory.keys, memory.values, memory.mask, offset), None
 
+    def cached_slots(self, segment_length: int) -> int:
+        return self.config.xl_memory_length or segment_length
+
     def frozen_read(self, memory: XLMemory, dtype: torch.dtype, abstractor: Any) -> XLRead:
         return self.read(memory, dtype, abstractor)[0]  # reading changes nothing; a write replaces the tensors
 
