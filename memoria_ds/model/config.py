@@ -9,6 +9,7 @@ Memory types (SPEC section 2; paper Tables 1, 2, 4, 7):
     none     the plain backbone (the paper's "Transformer")
     xl       Transformer-XL-style recurrence over cached keys/values
     memoria  Memoria: abstractor -> remind -> memory cross-attention -> memorize
+    memorizing  Memorizing Transformer: one block also attends to a kNN memory of its past keys/values
 
 `PRESETS` names the configurations that the paper compares, so every comparison runs
 through the same model class, launcher and evaluation.
@@ -24,7 +25,7 @@ from transformers import GPT2Config
 
 from ..memory import COMPILE_MODES, MemoriaConfig
 
-MEMORY_TYPES = ("none", "xl", "memoria")
+MEMORY_TYPES = ("none", "xl", "memoria", "memorizing")
 ATTENTION_MODES = ("sequential", "parallel")
 INIT_MODES = ("noop", "random")
 ABSTRACTOR_STYLES = ("transformer", "authors")
@@ -46,6 +47,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "memoria_full_width": {"memory_type": "memoria", "memory_inner_dim_ratio": 1.0},
     # One layer norm and one query for both uses, one output projection (docs/model.md).
     "memoria_fast": {"memory_type": "memoria", "memory_attention_mode": "parallel"},
+    # Memorizing Transformer (Wu et al. 2022): a kNN memory read by one block near the top
+    # (docs/field_memories.md gives the source of each default)
+    "memorizing": {"memory_type": "memorizing"},
 }
 
 # Default width of the memory attention's q/k/v, as a fraction of n_embd. The authors' code
@@ -104,6 +108,12 @@ class MemoriaGPT2Config(GPT2Config):
             between two banks, 0..L-1 and S..S+L-1 with S = n_positions // 2, so the
             cached previous segment always sits in the other bank (the `xl` preset's
             choice; segments must fit in S).
+        memorizing_layer: the block (0-based) with the kNN-augmented attention of
+            `memorizing`; None: the block at three quarters of the depth, round(0.75 *
+            n_layer) - 1 (the paper's 9th of 12).
+        memorizing_size: (key, value) pairs the kNN memory keeps per stream, oldest out
+            (the paper's smallest memory: 8192).
+        memorizing_topk: neighbours each query retrieves (the paper: 32).
         segment_length: the segment length the model is trained with; `generate()` feeds
             a long prompt in segments of this length unless told otherwise.
         memory_compile: None (the memory engine runs eagerly) or a `torch.compile` mode
@@ -125,6 +135,9 @@ class MemoriaGPT2Config(GPT2Config):
     abstractor_style: str = "transformer"
     xl_memory_length: int | None = None
     xl_positions: str = "shared"
+    memorizing_layer: int | None = None
+    memorizing_size: int = 8192
+    memorizing_topk: int = 32
     segment_length: int | None = None
     memory_compile: str | None = None
 
@@ -170,6 +183,12 @@ class MemoriaGPT2Config(GPT2Config):
             raise ValueError(f"`xl_positions` must be one of {XL_POSITIONS}, got {self.xl_positions!r}")
         if self.xl_memory_length is not None and self.xl_memory_length < 1:
             raise ValueError(f"`xl_memory_length` ({self.xl_memory_length}) must be >= 1, or None for one segment")
+        if self.memorizing_layer is not None and not 0 <= self.memorizing_layer < self.n_layer:
+            raise ValueError(f"`memorizing_layer` ({self.memorizing_layer}) must be a block index in "
+                             f"[0, {self.n_layer}), or None for the block at three quarters of the depth")
+        if self.memorizing_size < 1 or self.memorizing_topk < 1:
+            raise ValueError(f"`memorizing_size` ({self.memorizing_size}) and `memorizing_topk` "
+                             f"({self.memorizing_topk}) must be >= 1")
         if self.segment_length is not None and not 1 <= self.segment_length <= self.positions_per_segment:
             banks = " (half of n_positions: `xl_positions='alternate'` uses two banks)" if self.position_banks > 1 else ""
             raise ValueError(
@@ -199,6 +218,15 @@ class MemoriaGPT2Config(GPT2Config):
         if self.memory_type != "memoria":
             return []
         return sorted(self.memory_layers) if self.memory_layers is not None else list(range(self.n_layer))
+
+    @property
+    def resolved_memorizing_layer(self) -> int | None:
+        """The block with the kNN-augmented attention (None unless `memory_type == "memorizing"`)."""
+        if self.memory_type != "memorizing":
+            return None
+        if self.memorizing_layer is not None:
+            return self.memorizing_layer
+        return max(0, round(0.75 * self.n_layer) - 1)
 
     @property
     def resolved_memory_heads(self) -> int:
@@ -272,6 +300,9 @@ def _memory_fields() -> set[str]:
         "abstractor_style",
         "xl_memory_length",
         "xl_positions",
+        "memorizing_layer",
+        "memorizing_size",
+        "memorizing_topk",
         "segment_length",
     }
 

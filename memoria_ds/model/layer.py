@@ -5,7 +5,8 @@ Why this shape (and not forward hooks or a copied block): the memory attention g
 hook on an HF `GPT2Block` can reach without re-deriving its residual stream. So each block
 is driven here through its submodules, in HF's own order and arithmetic:
 
-    h = attn(ln_1(h)) + h        # HF's GPT2Attention (SDPA or eager; LoRA-wrapped c_attn/c_proj work)
+    h = attn(ln_1(h)) + h        # HF's GPT2Attention (SDPA or eager; LoRA-wrapped c_attn/c_proj work);
+                                 # `memorizing`'s block: its c_attn/c_proj around a kNN-augmented attention
     h = memory_attention(h, ...) # Memoria only: + WM residual, + M_rem residual
     h = h + mlp(ln_2(h))         # HF's GPT2MLP
 
@@ -28,6 +29,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
 from .config import MemoriaGPT2Config
+from .knn_attention import KNNAttention, KNNSlots
 from .memory_attention import MemoryAttention, MemoryInputs
 from .extended_attention import ExtendedKeyValues
 from .hf_compat import ATTENTION_CACHE
@@ -42,12 +44,14 @@ class BlockInputs:
         memory: Memoria's per-forward inputs, or None.
         cache: HF decode cache of the current segment (generation), or None.
         collect_kv: return this segment's keys/values (Transformer-XL builds its next memory from them).
+        knn: the kNN memory the `memorizing` block reads (`KNNSlots`), or None.
     """
 
     attention_mask: Tensor | None
     memory: MemoryInputs | None
     cache: Cache | None
     collect_kv: bool
+    knn: KNNSlots | None = None
 
 
 class MemoryBlock(GradientCheckpointingLayer):
@@ -73,6 +77,11 @@ class MemoryBlock(GradientCheckpointingLayer):
                 resid_dropout=config.resid_pdrop,
             )
             if with_memory_attention
+            else None
+        )
+        self.knn_attention = (  # the Memorizing Transformer's block only
+            KNNAttention(config.n_head, config.memorizing_topk)
+            if config.resolved_memorizing_layer == layer_idx
             else None
         )
 
@@ -107,7 +116,12 @@ class MemoryBlock(GradientCheckpointingLayer):
         if inputs.collect_kv or memory_keys is not None or inputs.cache is not None:
             kv = ExtendedKeyValues(memory_keys, memory_values, inputs.cache)
         residual = hidden
-        attn_output, _ = block.attn(block.ln_1(hidden), attention_mask=inputs.attention_mask, **{ATTENTION_CACHE: kv})
+        if self.knn_attention is not None and inputs.knn is not None:
+            kv = kv if kv is not None else ExtendedKeyValues(None, None, None)
+            attn_output = self.knn_attention(block.attn, block.ln_1(hidden), inputs.knn, inputs.attention_mask, kv)
+        else:
+            attn_output, _ = block.attn(block.ln_1(hidden), attention_mask=inputs.attention_mask,
+                                        **{ATTENTION_CACHE: kv})
         hidden = attn_output + residual
         weights = None
         if self.memory_attention is not None:

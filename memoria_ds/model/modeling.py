@@ -38,6 +38,7 @@ from .config import MemoriaGPT2Config
 from .extended_attention import self_attention_mask
 from .generation import MemoryGenerationMixin
 from .hf_compat import OUTPUT_CACHE
+from .knn_attention import NOOP_GATE_BIAS, KNNAttention, initial_scale
 from .layer import BlockInputs, MemoryBlock
 from .memory_attention import OutputProjection
 from .recurrent import BlockWrites, MemoryKind, MemoryRead, RecurrentMemory, memory_kind
@@ -140,10 +141,17 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
                 std = self.config.initializer_range / math.sqrt(2 * self.config.n_layer)
                 init.normal_(module.weight, mean=0.0, std=std)
             init.zeros_(module.bias)
+        elif isinstance(module, KNNAttention):
+            # the cosine scale: QK-norm's log2(k^2 - k) (Henry et al. 2020); the gate: `random`
+            # starts at an even mix (b = 0), `noop` close to the backbone (b = -4, g = 0.018;
+            # exactly the backbone while a row's memory is empty)
+            init.constant_(module.scale, initial_scale(module.topk))
+            init.constant_(module.gate_bias, 0.0 if self.config.memory_init == "random" else NOOP_GATE_BIAS)
 
     def memory_modules(self) -> list[nn.Module]:
         """The modules Memoria adds (abstractor and memory attentions); all trainable."""
         mods: list[nn.Module] = [b.memory_attention for b in self.memory_blocks if b.memory_attention is not None]
+        mods += [b.knn_attention for b in self.memory_blocks if b.knn_attention is not None]
         return ([self.abstractor] if self.abstractor is not None else []) + mods
 
     def get_input_embeddings(self) -> nn.Module:
@@ -240,6 +248,7 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             memory=read.memory_inputs(query_mask, use_sdpa=cfg._attn_implementation == "sdpa"),
             cache=past_key_values,
             collect_kv=read.collects_kv and not decoding,
+            knn=read.knn_memory(),
         )
         writes = BlockWrites()
         for i, (block, layer) in enumerate(zip(self.transformer.h, self.memory_blocks)):
