@@ -11,7 +11,9 @@ memory must help). Mean and spread over seeds, and every variant against the pla
 of the same seed (paired: same data, same starting backbone). The memory gain (the same
 model's NLL with its memory reset before every segment, minus its NLL with it carried) is
 reported per text, per position and (in `--json`) per window; `--swap` adds whose memory
-helps: the passage's own, another passage's of the same text, or another text's.
+helps: the passage's own, another passage's of the same text, or another text's; `--knn-lm`
+adds each variant scored with kNN-LM on top (`memoria_ds.eval.knn_lm`: a datastore per window
+of the text read so far in it), e.g. `memoria` + kNN-LM beside `memoria`.
 
     python benchmarks/real_text.py                                       # the default comparison
     python benchmarks/real_text.py --variants transformer,memoria --seeds 0 --steps 300
@@ -19,6 +21,7 @@ helps: the passage's own, another passage's of the same text, or another text's.
     python benchmarks/real_text.py --seeds 1 --json s1.json & python benchmarks/real_text.py --seeds 2 --json s2.json
     python benchmarks/real_text.py --merge s1.json s2.json                # their summary together
     python benchmarks/real_text.py --variants xl --seeds 1 --steps 2000 --swap
+    python benchmarks/real_text.py --variants transformer,memoria,memorizing --seeds 0 --knn-lm
 
 Texts (each name is a text of one or more documents; with the default `--reset` the memory
 is reset at every document start in training, and no held-out window spans two documents):
