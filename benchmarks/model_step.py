@@ -19,7 +19,8 @@ reference of every ratio), `xl`, `compressive`, `infinity` (docs/baselines.md), 
 memory attention at 1/8 of the width, every block), `memoria_fast` (the `memoria_fast`
 preset: one query and one output projection for both uses), `memoria_full_width` (the
 authors' width), `memoria_width=R` (the default block at width R * n_embd) and
-`memoria_layers=K` (the default block in every K-th block only). A Memoria variant with
+`memoria_layers=K` (the default block in every K-th block only); `memorizing` (the Memorizing
+Transformer's kNN memory, 8192 pairs, prefilled to its cap) and `memorizing_size=M` (M pairs). A Memoria variant with
 `+compile` runs its memory engine compiled (`memory_compile="default"`), with
 `+cudagraphs` as CUDA graphs (`"reduce-overhead"`). Any variant with `+model_compile`
 runs the *whole* model compiled (`model.compile()`, as `model.compile=default` does in
@@ -103,9 +104,13 @@ def variant_settings(name: str, n_layer: int) -> tuple[str, dict]:
         return "memoria", {"memory_layers": list(range(every - 1, n_layer, every))}
     if name.startswith("memoria_width="):
         return "memoria", {"memory_inner_dim_ratio": float(name.split("=", 1)[1])}
-    presets = ("transformer", "xl", "memoria", "memoria_fast", "memoria_full_width", "compressive", "infinity")
+    if name.startswith("memorizing_size="):  # the Memorizing Transformer with a memory of M pairs
+        return "memorizing", {"memorizing_size": int(name.split("=", 1)[1])}
+    presets = ("transformer", "xl", "memoria", "memoria_fast", "memoria_full_width", "compressive", "infinity",
+               "memorizing")
     if name not in presets:
-        raise SystemExit(f"unknown variant {name!r}; known: {sorted(presets)}, memoria_layers=K or memoria_width=R")
+        raise SystemExit(f"unknown variant {name!r}; known: {sorted(presets)}, memoria_layers=K, memoria_width=R "
+                         f"or memorizing_size=M")
     return name, {}
 
 
@@ -123,7 +128,16 @@ def make_model(name: str, a: argparse.Namespace) -> torch.nn.Module:
 
 
 def prefill(model, memory, steps: int) -> None:
-    """Fill a Memoria memory with real engine steps on random engrams (model untouched)."""
+    """Fill a Memoria memory with real engine steps on random engrams (model untouched); a
+    Memorizing Transformer's kNN memory to its cap with random unit keys (its steady state)."""
+    if steps and model.config.memory_type == "memorizing":
+        cfg, B = model.config, memory.batch_size
+        shape = (B, cfg.n_head, cfg.memorizing_size, cfg.n_embd // cfg.n_head)
+        gen = torch.Generator().manual_seed(0)
+        memory.keys = torch.nn.functional.normalize(torch.randn(shape, generator=gen), dim=-1).to(memory.device)
+        memory.values = torch.randn(shape, generator=gen).to(memory.device)
+        memory.mask = torch.ones(B, cfg.memorizing_size, dtype=torch.bool, device=memory.device)
+        return
     if steps == 0 or model.config.memory_type != "memoria":
         return
     cfg = model.config.memoria_config

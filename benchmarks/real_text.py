@@ -11,7 +11,9 @@ memory must help). Mean and spread over seeds, and every variant against the pla
 of the same seed (paired: same data, same starting backbone). The memory gain (the same
 model's NLL with its memory reset before every segment, minus its NLL with it carried) is
 reported per text, per position and (in `--json`) per window; `--swap` adds whose memory
-helps: the passage's own, another passage's of the same text, or another text's.
+helps: the passage's own, another passage's of the same text, or another text's; `--knn-lm`
+adds each variant scored with kNN-LM on top (`memoria_ds.eval.knn_lm`: a datastore per window
+of the text read so far in it), e.g. `memoria` + kNN-LM beside `memoria`.
 
     python benchmarks/real_text.py                                       # the default comparison
     python benchmarks/real_text.py --variants transformer,memoria --seeds 0 --steps 300
@@ -19,6 +21,7 @@ helps: the passage's own, another passage's of the same text, or another text's.
     python benchmarks/real_text.py --seeds 1 --json s1.json & python benchmarks/real_text.py --seeds 2 --json s2.json
     python benchmarks/real_text.py --merge s1.json s2.json                # their summary together
     python benchmarks/real_text.py --variants xl --seeds 1 --steps 2000 --swap
+    python benchmarks/real_text.py --variants transformer,memoria,memorizing --seeds 0 --knn-lm
 
 Texts (each name is a text of one or more documents; with the default `--reset` the memory
 is reset at every document start in training, and no held-out window spans two documents):
@@ -47,6 +50,7 @@ from __future__ import annotations
 import argparse
 import ast
 import base64
+import contextlib
 import hashlib
 import io
 import json
@@ -61,6 +65,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from transformers import GPT2Config
@@ -69,6 +74,7 @@ from memoria_ds.data.reset import ResetPolicy
 from memoria_ds.data.streams import TokenStreams
 from memoria_ds.data.token_corpus import TokenCorpus
 from memoria_ds.data.tokenize import gpt2_tokenizer_offline
+from memoria_ds.eval.knn_lm import KNNLMSettings, KNNScorer, capture_keys
 from memoria_ds.model import PRESETS, build_model
 from memoria_ds.train.engine import delayed_warmup_decay, param_groups
 
@@ -396,7 +402,7 @@ def window_tensor(docs: list[list[int]], a) -> torch.Tensor:
 
 @torch.no_grad()
 def score(model, docs: list[list[int]], a, use_memory: bool = True,
-          by_window: list[float] | None = None) -> list[tuple[float, int]]:
+          by_window: list[float] | None = None, knn: KNNLMSettings | None = None) -> list[tuple[float, int]]:
     """(sum NLL, count) per segment position, over windows of `--eval-segments` segments.
 
     Each held-out document is cut into windows of `eval_segments * segment` tokens (its tail
@@ -404,25 +410,34 @@ def score(model, docs: list[list[int]], a, use_memory: bool = True,
     `use_memory=False` resets every row before every segment: the same model with its memory
     taken away (the difference is what the memory itself is worth to the trained model).
     `by_window`, if given, receives each window's mean NLL, in the order of `eval_windows`.
+    `knn`: score with kNN-LM on top of the model (a datastore per window of the text read so
+    far in it, reset with the memory; `memoria_ds.eval.knn_lm`).
     """
     model.eval()
     x = window_tensor(docs, a)
     inputs, targets = x[:, :-1], x[:, 1:]
     out_sums = [[0.0, 0] for _ in range(a.eval_segments)]
     window_sums = torch.zeros(len(x), dtype=torch.float64)
-    for r0 in range(0, len(x), a.eval_batch):
-        rows = slice(r0, r0 + a.eval_batch)
-        memory = None
-        for s in range(a.eval_segments):
-            cols = slice(s * a.segment, (s + 1) * a.segment)
-            reset = None if use_memory else torch.ones(inputs[rows].shape[0], dtype=torch.bool)
-            out = model(inputs[rows, cols], memory=memory, reset=reset)
-            memory = out.memory
-            nll = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1).float(), targets[rows, cols].flatten(),
-                                                    reduction="none").view(out.logits.shape[:2])  # fmt: skip
-            out_sums[s][0] += float(nll.sum())
-            out_sums[s][1] += targets[rows, cols].numel()
-            window_sums[rows] += nll.sum(dim=1).double()
+    keys = capture_keys(model, knn.key) if knn is not None else contextlib.nullcontext()
+    with keys as held:
+        for r0 in range(0, len(x), a.eval_batch):
+            rows = slice(r0, r0 + a.eval_batch)
+            memory, scorer = None, KNNScorer(knn) if knn is not None else None
+            for s in range(a.eval_segments):
+                cols = slice(s * a.segment, (s + 1) * a.segment)
+                reset = None if use_memory else torch.ones(inputs[rows].shape[0], dtype=torch.bool)
+                out = model(inputs[rows, cols], memory=memory, reset=reset)
+                memory = out.memory
+                tgt = targets[rows, cols]
+                if scorer is not None:  # every target is scored: the kNN-LM NLLs come back as (rows, L)
+                    nll = scorer.segment_nll(held.keys, out.logits, SimpleNamespace(targets=tgt), reset, tgt)[0]
+                    nll = nll.view(tgt.shape)
+                else:
+                    nll = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1).float(), tgt.flatten(),
+                                                            reduction="none").view(out.logits.shape[:2])  # fmt: skip
+                out_sums[s][0] += float(nll.sum())
+                out_sums[s][1] += tgt.numel()
+                window_sums[rows] += nll.sum(dim=1).double()
     if by_window is not None:
         by_window.extend((window_sums / inputs.shape[1]).tolist())
     return [(s, n) for s, n in out_sums]
@@ -582,6 +597,11 @@ def main() -> None:
     p.add_argument("--swap", action="store_true",
                    help="also score each held-out window's last segment after reading another window's segments: "
                         "of the same text, of another text (whose memory helps: the passage's, or the text's)")
+    p.add_argument("--knn-lm", action="store_true",
+                   help="also score every variant with kNN-LM on top (a datastore per held-out window of the text "
+                        "read so far in it): `memoria` + kNN-LM beside `memoria`")
+    p.add_argument("--knn-k", type=int, default=1024, help="kNN-LM neighbours (Khandelwal et al. 2020: 1024)")
+    p.add_argument("--knn-lambda", type=float, default=0.25, help="kNN-LM interpolation weight (the paper: 0.25)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", default=None)
     p.add_argument("--merge", nargs="+", metavar="JSON",
@@ -592,6 +612,10 @@ def main() -> None:
         print(summary(merge_results(a.merge)))
         return
     check_arguments(p, a)
+    try:
+        knn_settings = KNNLMSettings(k=a.knn_k, lmbda=a.knn_lambda)
+    except ValueError as e:
+        p.error(str(e))
     torch.set_num_threads(a.threads)
 
     tok = gpt2_tokenizer_offline()
@@ -618,7 +642,9 @@ def main() -> None:
             model, losses, (norms, residual, block_trace) = train(spec, seed, a, corpus)
             train_s = time.perf_counter() - t0
             win = {name: ([], []) for name in held}  # each window's mean NLL: with the memory, without
+            t0 = time.perf_counter()
             per_text = {name: score(model, toks, a, by_window=win[name][0]) for name, toks in held.items()}
+            score_s = time.perf_counter() - t0
             ppl = {name: math.exp(sum(s for s, _ in v) / sum(n for _, n in v)) for name, v in per_text.items()}
             by_position = lambda d: [sum(v[i][0] for v in d.values()) / sum(v[i][1] for v in d.values())
                                      for i in range(a.eval_segments)]  # fmt: skip
@@ -645,6 +671,20 @@ def main() -> None:
                 r["swap"] = {k: {"own": last(per_text, k), **foreign[k], "none": last(without, k)} for k in held}
                 for k, v in r["swap"].items():
                     print(f"  {k}: last-segment NLL by whose memory: " + "  ".join(f"{m} {x:.4f}" for m, x in v.items()), flush=True)
+            if a.knn_lm:  # the same model with kNN-LM on top, on the same windows
+                t0 = time.perf_counter()
+                with_knn = {name: score(model, toks, a, knn=knn_settings) for name, toks in held.items()}
+                knn_s = time.perf_counter() - t0
+                knn_pos = by_position(with_knn)
+                r["knn_lm"] = dict(settings=knn_settings.to_dict(), ppl={
+                    name: math.exp(sum(s for s, _ in v) / sum(n for _, n in v)) for name, v in with_knn.items()},
+                    nll_by_bucket=[statistics.fmean(knn_pos[lo:hi]) for lo, hi in buckets],
+                    gain=nll(per_text) - nll(with_knn), score_s=score_s, score_with_knn_s=knn_s)  # fmt: skip
+                print(f"  {spec} + kNN-LM (k {a.knn_k}, lambda {a.knn_lambda}): "
+                      + "  ".join(f"{k} {v:.1f}" for k, v in r["knn_lm"]["ppl"].items())
+                      + "  nll by seg " + " ".join(f"{x:.3f}" for x in r["knn_lm"]["nll_by_bucket"])
+                      + f"  gain over the model {r['knn_lm']['gain']:.4f} nats/token  (scoring {score_s:.1f}s, "
+                      f"with kNN-LM {knn_s:.1f}s)", flush=True)
             results.append(r)
             print(f"{spec:<40} seed {seed}  train {r['train_loss_last100']:.3f}  "
                   + "  ".join(f"{k} {v:.1f}" for k, v in ppl.items())

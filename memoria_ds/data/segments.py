@@ -36,11 +36,13 @@ class Streams(Protocol):
 
 @dataclass
 class Segment:
-    """One segment's model call: its step, the batch (on the model's device), the output."""
+    """One segment's model call: its step, the batch (on the model's device), the output, and
+    the (B,) bool rows reset before it (None where the caller did not say)."""
 
     step: int
     batch: StreamBatch
     output: Any
+    reset: torch.Tensor | None = None
 
     @property
     def logits(self) -> torch.Tensor:
@@ -107,4 +109,4 @@ def run_segments(
             mask = torch.zeros_like(mask)
         out = forward_segment(model, batch, memory, mask, attention_mask=attention_mask)
         memory = logits_and_memory(out)[1]
-        yield Segment(step, batch, out)
+        yield Segment(step, batch, out, mask)

@@ -66,6 +66,8 @@ def evaluate_split(
         ) for bare in readings]
     results = []
     streams = evaluation.num_streams or world_size
+    knn = getattr(evaluation, "knn_lm", None)
+    knn = knn.settings() if knn is not None and knn.enabled else None
     for name in evaluation.protocols:
         protocol = protocol_from_name(name, data.segment_length, streams, evaluation.reset)
         callback = trace(name) if trace is not None else None
@@ -73,7 +75,7 @@ def evaluate_split(
             results.append(evaluate_lm(
                 model, corpus, protocol, model_name=label, rank=rank, world_size=world_size, device=device,
                 max_steps=evaluation.max_steps, progress=False, on_step=callback, output_path=output(name),
-                memory_for=memory_for,
+                memory_for=memory_for, knn=knn,
             ))
         finally:
             if callback is not None:
@@ -91,4 +93,8 @@ def describe(result: EvalResult) -> tuple[str, dict[str, float]]:
     values = {"ppl": result.ppl, "nll": result.nll, "scored_tokens": result.scored_tokens}
     if result.bpc is not None:
         values["bpc"] = result.bpc
-    return f"[{name}]: ppl {result.ppl:.3f} over {result.scored_tokens} tokens", values
+    knn = ""
+    if result.knn_lm is not None:  # the model alone on the same tokens, beside its kNN-LM score
+        values.update(lm_ppl=result.knn_lm["lm_ppl"], lm_nll=result.knn_lm["lm_nll"])
+        knn = f" with kNN-LM (model alone {result.knn_lm['lm_ppl']:.3f})"
+    return f"[{name}]: ppl {result.ppl:.3f}{knn} over {result.scored_tokens} tokens", values

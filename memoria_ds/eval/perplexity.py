@@ -15,6 +15,8 @@ rank 0's sums count.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import time
 from collections.abc import Sequence
 from collections.abc import Callable
@@ -25,6 +27,7 @@ import torch
 from memoria_ds.data.batch import IGNORE_INDEX
 from memoria_ds.data.streams import StreamLayout, TokenStreams
 from memoria_ds.data.token_corpus import TokenCorpus
+from memoria_ds.eval.knn_lm import Datastore, KNNLMSettings, KNNScorer, capture_keys
 from memoria_ds.eval.protocols import EvalProtocol, protocol_from_name
 from memoria_ds.eval.result import EvalResult, write_results
 from memoria_ds.eval.scoring import all_reduce_sums, dist_coordinates, evaluating, model_device, token_nll
@@ -45,6 +48,8 @@ def evaluate_lm(
     output_path: str | None = None,
     on_step: Callable[[int, Any, Any], None] | None = None,
     memory_for: Callable[[list[int]], Any] | None = None,
+    knn: KNNLMSettings | None = None,
+    knn_store: Datastore | None = None,
 ) -> EvalResult:
     """Evaluate a Contract-2 model on one split under `protocol`.
 
@@ -66,6 +71,11 @@ def evaluate_lm(
         memory_for: `memory_for(stream_ids)` -> the memory this rank's streams start from (one
             row per global stream id, e.g. `load_snapshot(path, model, stream_ids).memory`);
             None: an empty memory. The result's notes say so.
+        knn: score with kNN-LM on top of the model (`memoria_ds.eval.knn_lm`): a datastore
+            per stream of the text read so far, reset with the stream's memory; the result's
+            `knn_lm` records the settings and the model's NLL without it on the same tokens.
+        knn_store: a shared datastore (`knn_lm.build_datastore`, e.g. of the training text)
+            every stream also searches (with `knn` only).
 
     Returns:
         The `EvalResult` (identical on every rank).
@@ -94,10 +104,15 @@ def evaluate_lm(
     memory = memory_for([int(s) for s in streams.stream_ids]) if memory_for is not None else None
     if memory is not None and memory.batch_size != len(streams.stream_ids):
         raise ValueError(f"a starting memory of {memory.batch_size} rows for {len(streams.stream_ids)} streams")
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # nll, scored tokens, input tokens
+    if knn_store is not None and knn is None:
+        raise ValueError("`knn_store` is a kNN-LM datastore: pass `knn` settings with it")
+    scorer = KNNScorer(knn, knn_store) if knn is not None else None
+    # nll, scored tokens, input tokens, the model's own nll (with kNN-LM)
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
     start = time.perf_counter()
     label = f"eval {protocol.name}" if progress and rank == 0 else None
-    with evaluating(model):
+    keys = capture_keys(model, knn.key) if knn is not None else contextlib.nullcontext()
+    with evaluating(model), keys as held:
         for seg in run_segments(model, streams, reset=protocol.reset, device=device, steps=steps, progress=label,
                                 memory=memory):
             batch = seg.batch
@@ -108,7 +123,11 @@ def evaluate_lm(
                 targets = targets.clone()
                 targets[:, -1] = IGNORE_INDEX  # what HF's label shift never scores
             nll, mask = token_nll(seg.logits, targets)
-            sums += torch.stack([nll.double().sum(), mask.sum().double(), batch.attention_mask.sum().double()])
+            lm_nll = nll
+            if scorer is not None:
+                nll, lm_nll = scorer.segment_nll(held.keys, seg.logits, batch, seg.reset, targets)
+            sums += torch.stack([nll.double().sum(), mask.sum().double(), batch.attention_mask.sum().double(),
+                                 lm_nll.double().sum()])
     totals = all_reduce_sums(sums * counts_here).tolist()
     wall = time.perf_counter() - start
     notes = [] if steps == streams.steps_per_epoch else [f"stopped after {steps} of {streams.steps_per_epoch} steps"]
@@ -116,12 +135,18 @@ def evaluate_lm(
         notes.append(f"one stream read by each of {world_size} ranks, counted once")
     if memory is not None:
         notes.append("started from a given memory (not an empty one)")
+    knn_record = None
+    if knn is not None:
+        lm_mean = totals[3] / max(totals[1], 1.0)
+        knn_record = {**knn.to_dict(), "datastore": "stream" if knn_store is None else "stream+shared",
+                      "shared_entries": 0 if knn_store is None else int(knn_store.valid.sum()),
+                      "lm_nll": lm_mean, "lm_ppl": math.exp(lm_mean) if lm_mean < 700 else math.inf}
     result = EvalResult.from_sums(
         nll_sum=totals[0], scored_tokens=int(round(totals[1])),
         character_level=corpus.metadata.get("unit") == "character",
         model=model_name, data=corpus.describe(), split=str(corpus.metadata.get("split", "")),
         protocol=protocol.to_dict(), world_size=world_size, steps=steps, input_tokens=int(round(totals[2])),
-        wall_time_s=wall, tokens_per_s=totals[2] / wall if wall > 0 else 0.0, notes=notes,
+        wall_time_s=wall, tokens_per_s=totals[2] / wall if wall > 0 else 0.0, notes=notes, knn_lm=knn_record,
     )
     if output_path is not None and rank == 0:
         result.save(output_path)

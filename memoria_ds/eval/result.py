@@ -55,6 +55,8 @@ class EvalResult:
         wall_time_s: seconds from the first batch to the reduced totals.
         tokens_per_s: `input_tokens / wall_time_s`.
         notes: anything that qualifies the numbers (e.g. a step limit).
+        knn_lm: with kNN-LM (`memoria_ds.eval.knn_lm`): its settings, its datastore and the
+            same model's NLL / PPL on the same tokens without it (`lm_nll`, `lm_ppl`); else None.
     """
 
     model: str
@@ -75,6 +77,7 @@ class EvalResult:
     wall_time_s: float = 0.0
     tokens_per_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    knn_lm: dict[str, Any] | None = None
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     versions: dict[str, str] = field(default_factory=_versions)
 

@@ -11,6 +11,7 @@ Memory types (SPEC section 2; paper Tables 1, 2, 4, 7):
     memoria      Memoria: abstractor -> remind -> memory cross-attention -> memorize
     compressive  the Compressive Transformer (Rae et al. 2020): xl plus a compressed memory
     infinity     the infinity-former (Martins et al. 2022): a continuous long-term memory attention
+    memorizing   the Memorizing Transformer (Wu et al. 2022): one block also attends to a kNN memory of its past keys/values
 
 A kind's own settings are one dict, `memory_settings`, parsed by the kind's settings class
 (`KIND_SETTINGS`, registered by the kind; docs/baselines.md).
@@ -29,7 +30,7 @@ from transformers import GPT2Config
 
 from ..memory import COMPILE_MODES, MemoriaConfig
 
-MEMORY_TYPES = ("none", "xl", "memoria", "compressive", "infinity")
+MEMORY_TYPES = ("none", "xl", "memoria", "compressive", "infinity", "memorizing")
 # kinds that cache keys/values at the positions they were computed at (`xl_positions` applies)
 CACHED_KV_TYPES = ("xl", "compressive")
 ATTENTION_MODES = ("sequential", "parallel")
@@ -59,6 +60,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The paper's infinity-former baseline, initialised as the authors' code does (random
     # long-term attention; `memory_init="noop"` starts it at exactly the backbone)
     "infinity": {"memory_type": "infinity", "memory_init": "random"},
+    # Memorizing Transformer (Wu et al. 2022): a kNN memory read by one block near the top
+    # (docs/field_memories.md gives the source of each default)
+    "memorizing": {"memory_type": "memorizing"},
 }
 
 # The memory settings only some kinds read (`MemoriaGPT2Config` fields); given to a model of
@@ -72,6 +76,7 @@ SETTINGS_OF_KIND: dict[str, frozenset[str]] = {
                           "memory_attention_mode", "abstractor_style", "memory_compile"}),
     "compressive": frozenset({"xl_positions"}),
     "infinity": frozenset(),
+    "memorizing": frozenset({"memorizing_layer", "memorizing_size", "memorizing_topk"}),
 }
 
 
@@ -141,6 +146,12 @@ class MemoriaGPT2Config(GPT2Config):
             between two banks, 0..L-1 and S..S+L-1 with S = n_positions // 2, so the
             cached previous segment always sits in the other bank (the `xl` preset's
             choice; segments must fit in S).
+        memorizing_layer: the block (0-based) with the kNN-augmented attention of
+            `memorizing`; None: the block at three quarters of the depth, round(0.75 *
+            n_layer) - 1 (the paper's 9th of 12).
+        memorizing_size: (key, value) pairs the kNN memory keeps per stream, oldest out
+            (the paper's smallest memory: 8192).
+        memorizing_topk: neighbours each query retrieves (the paper: 32).
         segment_length: the segment length the model is trained with; `generate()` feeds
             a long prompt in segments of this length unless told otherwise.
         memory_compile: None (the memory engine runs eagerly) or a `torch.compile` mode
@@ -163,6 +174,9 @@ class MemoriaGPT2Config(GPT2Config):
     abstractor_style: str = "transformer"
     xl_memory_length: int | None = None
     xl_positions: str = "shared"
+    memorizing_layer: int | None = None
+    memorizing_size: int = 8192
+    memorizing_topk: int = 32
     segment_length: int | None = None
     memory_compile: str | None = None
 
@@ -209,6 +223,12 @@ class MemoriaGPT2Config(GPT2Config):
             raise ValueError(f"`xl_positions` must be one of {XL_POSITIONS}, got {self.xl_positions!r}")
         if self.xl_memory_length is not None and self.xl_memory_length < 1:
             raise ValueError(f"`xl_memory_length` ({self.xl_memory_length}) must be >= 1, or None for one segment")
+        if self.memorizing_layer is not None and not 0 <= self.memorizing_layer < self.n_layer:
+            raise ValueError(f"`memorizing_layer` ({self.memorizing_layer}) must be a block index in "
+                             f"[0, {self.n_layer}), or None for the block at three quarters of the depth")
+        if self.memorizing_size < 1 or self.memorizing_topk < 1:
+            raise ValueError(f"`memorizing_size` ({self.memorizing_size}) and `memorizing_topk` "
+                             f"({self.memorizing_topk}) must be >= 1")
         if self.segment_length is not None and not 1 <= self.segment_length <= self.positions_per_segment:
             banks = " (half of n_positions: `xl_positions='alternate'` uses two banks)" if self.position_banks > 1 else ""
             raise ValueError(
@@ -238,6 +258,15 @@ class MemoriaGPT2Config(GPT2Config):
         if self.memory_type != "memoria":
             return []
         return sorted(self.memory_layers) if self.memory_layers is not None else list(range(self.n_layer))
+
+    @property
+    def resolved_memorizing_layer(self) -> int | None:
+        """The block with the kNN-augmented attention (None unless `memory_type == "memorizing"`)."""
+        if self.memory_type != "memorizing":
+            return None
+        if self.memorizing_layer is not None:
+            return self.memorizing_layer
+        return max(0, round(0.75 * self.n_layer) - 1)
 
     @property
     def resolved_memory_heads(self) -> int:
@@ -334,6 +363,9 @@ def _memory_fields() -> set[str]:
         "abstractor_style",
         "xl_memory_length",
         "xl_positions",
+        "memorizing_layer",
+        "memorizing_size",
+        "memorizing_topk",
         "segment_length",
     }
 

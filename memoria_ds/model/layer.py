@@ -5,7 +5,8 @@ Why this shape (and not forward hooks or a copied block): the memory attention g
 hook on an HF `GPT2Block` can reach without re-deriving its residual stream. So each block
 is driven here through its submodules, in HF's own order and arithmetic:
 
-    h = attn(ln_1(h)) + h        # HF's GPT2Attention (SDPA or eager; LoRA-wrapped c_attn/c_proj work)
+    h = attn(ln_1(h)) + h        # HF's GPT2Attention (SDPA or eager; LoRA-wrapped c_attn/c_proj work);
+                                 # `memorizing`'s block: its c_attn/c_proj around a kNN-augmented attention
     h = memory_attention(h, ...) # Memoria only: + WM residual, + M_rem residual
     h = h + mlp(ln_2(h))         # HF's GPT2MLP
 
@@ -28,6 +29,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
 from .config import MemoriaGPT2Config
+from .knn_attention import KNNAttention, KNNSlots
 from .memory_attention import MemoryAttention, MemoryInputs
 from .recurrent.base import MemoryRead
 from .extended_attention import ExtendedKeyValues
@@ -46,6 +48,7 @@ class BlockInputs:
         collect_queries: return this segment's self-attention queries too (a kind's training loss uses them).
         side: a read whose `side_attention` adds to every block's self-attention output (the
             infinity-former's long-term memory), or None.
+        knn: the kNN memory the `memorizing` block reads (`KNNSlots`), or None.
     """
 
     attention_mask: Tensor | None
@@ -54,6 +57,7 @@ class BlockInputs:
     collect_kv: bool
     collect_queries: bool = False
     side: MemoryRead | None = None
+    knn: KNNSlots | None = None
 
 
 class MemoryBlock(GradientCheckpointingLayer):
@@ -79,6 +83,11 @@ class MemoryBlock(GradientCheckpointingLayer):
                 resid_dropout=config.resid_pdrop,
             )
             if with_memory_attention
+            else None
+        )
+        self.knn_attention = (  # the Memorizing Transformer's block only
+            KNNAttention(config.n_head, config.memorizing_topk)
+            if config.resolved_memorizing_layer == layer_idx
             else None
         )
 
@@ -119,8 +128,12 @@ class MemoryBlock(GradientCheckpointingLayer):
             width = block.attn.split_size
             handle = block.attn.c_attn.register_forward_hook(lambda m, i, out: queries.append(out[..., :width]))
         try:
-            attn_output, _ = block.attn(block.ln_1(hidden), attention_mask=inputs.attention_mask,
-                                        **{ATTENTION_CACHE: kv})
+            if self.knn_attention is not None and inputs.knn is not None:
+                kv = kv if kv is not None else ExtendedKeyValues(None, None, None)
+                attn_output = self.knn_attention(block.attn, block.ln_1(hidden), inputs.knn, inputs.attention_mask, kv)
+            else:
+                attn_output, _ = block.attn(block.ln_1(hidden), attention_mask=inputs.attention_mask,
+                                            **{ATTENTION_CACHE: kv})
         finally:
             if handle is not None:
                 handle.remove()

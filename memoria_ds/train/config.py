@@ -379,6 +379,42 @@ class LogSection(Section):
         return self
 
 
+class KNNLMSection(Section):
+    """kNN-LM on top of the model at evaluation (`memoria_ds.eval.knn_lm`; docs/field_memories.md).
+
+    Each stream keeps a datastore of (key, next token) of the text it has read since its
+    memory's last reset; every scored token's distribution is interpolated with that of its
+    k nearest entries. Defaults are Khandelwal et al. (2020)'s WikiText-103 settings.
+
+    Args:
+        enabled: score every protocol with kNN-LM (the result also records the model alone).
+        k: neighbours per token (paper: 1024). lmbda: weight of p_kNN (paper: 0.25).
+        temperature: divides the negative squared L2 distances (paper: 1).
+        key: `ffn_input` (the last block's FFN input after its layer norm: the paper's) or
+            `final_hidden` (after ln_f).
+        max_entries: per-stream datastore cap, oldest out; null: unbounded (paper).
+    """
+
+    enabled: bool = False
+    k: int = 1024
+    lmbda: Number = 0.25
+    temperature: Number = 1.0
+    key: Literal["ffn_input", "final_hidden"] = "ffn_input"
+    max_entries: int | None = None
+
+    @model_validator(mode="after")
+    def check(self):
+        self.settings()  # one place for the checks and their messages
+        return self
+
+    def settings(self):
+        """The evaluation's `KNNLMSettings`."""
+        from ..eval.knn_lm import KNNLMSettings
+
+        return KNNLMSettings(k=self.k, lmbda=self.lmbda, temperature=self.temperature, key=self.key,
+                             max_entries=self.max_entries)
+
+
 class EvalSection(Section):
     """Evaluation during and after training (memoria_ds.eval protocols).
 
@@ -398,6 +434,7 @@ class EvalSection(Section):
         trace: in the final evaluation, record the memory statistics of every segment
             (`<run_dir>/eval/trace_<protocol>.jsonl`) and save the final memory state
             (`memory_<protocol>.safetensors`), for `launch/analyze.py` (paper Figures 5, 6, 8-9).
+        knn_lm: kNN-LM on top of the model in every language-modelling protocol (`KNNLMSection`).
     """
 
     every: int = 0
@@ -408,6 +445,7 @@ class EvalSection(Section):
     max_steps: int | None = None
     at_end: bool = True
     trace: bool = False
+    knn_lm: KNNLMSection = Field(default_factory=KNNLMSection)
 
     @model_validator(mode="after")
     def check(self):
@@ -471,6 +509,9 @@ class RunConfig(Section):
         if (self.eval.at_end or self.eval.every) and self.eval.split not in splits:
             raise ValueError(f"`eval.split` {self.eval.split!r} is not a split of `data.corpus: {self.data.corpus}` "
                              f"(it has {splits}); choose one, or set `eval.at_end=false` to train without evaluating")
+        if self.data.corpus == "sorting" and self.eval.knn_lm.enabled:
+            raise ValueError("`eval.knn_lm` interpolates a language model's next-token distribution; the sorting "
+                             "task is scored by accuracy: set `eval.knn_lm.enabled=false`")
         if (self.data.corpus == "sorting" and (self.eval.at_end or self.eval.every)
                 and self.data.sorting_settings[f"num_{self.eval.split}"] < 1):
             raise ValueError(f"`data.sorting.num_{self.eval.split}` is 0: nothing to evaluate on `eval.split: "

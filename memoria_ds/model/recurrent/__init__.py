@@ -5,6 +5,7 @@
     memoria  `MemoriaMemory`  the paper's engram memory
     compressive  `CompressiveMemory`  the Compressive Transformer (xl + compressed memory)
     infinity     `InfinityMemory`     the infinity-former (continuous long-term memory)
+    memorizing   `MemorizingMemory`  the Memorizing Transformer's kNN memory of one layer
 
 `memory_kind(config)` gives the kind a model runs; `memory_from_state_dict` rebuilds a
 saved memory of any kind.
@@ -21,12 +22,13 @@ from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead
 from .compressive import CompressiveKind, CompressiveMemory, CompressiveRead, CompressiveSettings
 from .infinity import InfinityKind, InfinityMemory, InfinityRead, InfinitySettings
 from .memoria import MemoriaKind, MemoriaMemory, MemoriaRead
+from .memorizing import MemorizingKind, MemorizingMemory, MemorizingRead
 from .none import NoMemory, NoneKind
 from .xl import XLKind, XLMemory, XLRead
 
 KINDS: dict[str, type[MemoryKind]] = {kind.name: kind for kind in (NoneKind, XLKind, MemoriaKind, CompressiveKind,
-                                                                  InfinityKind)}
-RecurrentMemory = Union[NoMemory, XLMemory, MemoriaMemory, CompressiveMemory, InfinityMemory]
+                                                                  InfinityKind, MemorizingKind)}
+RecurrentMemory = Union[NoMemory, XLMemory, MemoriaMemory, CompressiveMemory, InfinityMemory, MemorizingMemory]
 
 
 def memory_kind(config: Any) -> MemoryKind:
@@ -76,5 +78,5 @@ __all__ = [
     "NoMemory", "NoneKind", "XLMemory", "XLRead", "XLKind", "MemoriaMemory", "MemoriaRead", "MemoriaKind",
     "CompressiveMemory", "CompressiveRead", "CompressiveKind", "CompressiveSettings",
     "InfinityMemory", "InfinityRead", "InfinityKind", "InfinitySettings",
-    "memory_kind", "memory_from_state_dict",
+    "MemorizingMemory", "MemorizingRead", "MemorizingKind", "memory_kind", "memory_from_state_dict",
 ]

@@ -91,6 +91,10 @@ class MemoryRead:
         """
         raise NotImplementedError
 
+    def knn_memory(self) -> Any | None:
+        """The kNN memory one block's attention also reads (`memorizing`: a `KNNSlots`), or None."""
+        return None
+
     def take_rows(self, rows: Tensor | list[int]) -> MemoryRead:
         """The read of `rows` (HF expands a read for beams); a read of nothing is itself."""
         return self

@@ -1,0 +1,310 @@
+"""kNN-LM (Khandelwal et al., 2020) on top of any model of the toolkit, at evaluation.
+
+Each scored position i with context representation q_i (the key) and model distribution
+p_LM gets
+
+    p_kNN(y) ∝ Σ_{(k_j, v_j) ∈ top-k nearest of q_i}  1[y = v_j] · exp(-||q_i - k_j||² / T)
+    p(y)     = λ p_kNN(y) + (1 - λ) p_LM(y)
+
+over a datastore of (key, next token) pairs: per stream, the text read so far (every
+position j < i of the stream since its last memory reset: entry j's value is the token
+after j, which position i has already seen; entry i itself holds the token i predicts, so it
+is never a candidate), and optionally a shared datastore built from the training text
+(`build_datastore`). The search is exact (squared L2, as the paper's FAISS index
+approximates). A position with no candidate (the first token after a reset) is scored by
+the model alone.
+
+The model is not branched: the key is read by a forward hook on the GPT-2 module that
+computes it (`capture_keys`), so "Memoria + kNN-LM" is the same trained Memoria model with
+this evaluation option. Keys: `ffn_input` (the input of the last block's feed-forward
+network after its layer norm: the paper's best key) or `final_hidden` (after `ln_f`: what
+the LM head reads).
+
+Notation: B rows (streams), L segment length, D width, N stream datastore entries,
+S shared (training) entries, C = S + N + L candidates, K neighbours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from memoria_ds.data.batch import IGNORE_INDEX
+
+KeyName = Literal["ffn_input", "final_hidden"]
+KEYS = ("ffn_input", "final_hidden")
+
+
+@dataclass(frozen=True)
+class KNNLMSettings:
+    """How kNN-LM scores (defaults: Khandelwal et al. 2020, WikiText-103; docs/field_memories.md).
+
+    Args:
+        k: neighbours retrieved per position (the paper: 1024; fewer when fewer are stored).
+        lmbda: interpolation weight λ of p_kNN (the paper's tuned in-domain value: 0.25).
+        temperature: T dividing the negative squared distances (the paper: none, T = 1).
+        key: `ffn_input` (the paper's best) or `final_hidden`.
+        max_entries: per-stream datastore cap, the oldest dropped first; None: unbounded
+            (the paper keeps every entry).
+    """
+
+    k: int = 1024
+    lmbda: float = 0.25
+    temperature: float = 1.0
+    key: KeyName = "ffn_input"
+    max_entries: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"kNN-LM `k` ({self.k}) must be at least 1")
+        if not 0.0 <= self.lmbda <= 1.0:
+            raise ValueError(f"kNN-LM `lmbda` ({self.lmbda}) must be in [0, 1]")
+        if not self.temperature > 0:
+            raise ValueError(f"kNN-LM `temperature` ({self.temperature}) must be > 0")
+        if self.key not in KEYS:
+            raise ValueError(f"kNN-LM `key` must be one of {KEYS}, got {self.key!r}")
+        if self.max_entries is not None and self.max_entries < 1:
+            raise ValueError(f"kNN-LM `max_entries` ({self.max_entries}) must be >= 1, or None for no cap")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"k": self.k, "lmbda": self.lmbda, "temperature": self.temperature, "key": self.key,
+                "max_entries": self.max_entries}
+
+
+@dataclass
+class Datastore:
+    """(key, next token) entries of B streams (or one shared store, B = 1).
+
+    Attributes:
+        keys: (B, N, D) float32.
+        values: (B, N) int64, the token that followed each key.
+        valid: (B, N) bool, False for entries a reset forgot (and padding).
+    """
+
+    keys: Tensor
+    values: Tensor
+    valid: Tensor
+
+    @classmethod
+    def empty(cls, batch_size: int, dim: int, device: torch.device | str | None = None) -> Datastore:
+        return cls(torch.zeros(batch_size, 0, dim, device=device), torch.zeros(batch_size, 0, dtype=torch.int64,
+                   device=device), torch.zeros(batch_size, 0, dtype=torch.bool, device=device))
+
+    @property
+    def size(self) -> int:
+        return self.valid.shape[1]
+
+
+def reset_rows(store: Datastore, reset: Tensor) -> Datastore:
+    """`store` with the rows where the (B,) bool `reset` is True emptied."""
+    return Datastore(store.keys, store.values, store.valid & ~reset.to(store.valid.device, torch.bool)[:, None])
+
+
+def append(store: Datastore, keys: Tensor, values: Tensor, valid: Tensor, max_entries: int | None = None) -> Datastore:
+    """`store` with one segment's entries added at the new end.
+
+    Args:
+        keys: (B, L, D). values: (B, L) int64 next tokens. valid: (B, L) bool.
+        max_entries: keep at most this many entries per row (the oldest go).
+
+    Columns that hold no row's entry (all rows reset, padding) are dropped, so the store
+    does not grow with forgotten text.
+    """
+    k = torch.cat([store.keys, keys.detach().float()], dim=1)  # (B, N + L, D)
+    v = torch.cat([store.values, values.to(torch.int64)], dim=1)
+    m = torch.cat([store.valid, valid.to(torch.bool)], dim=1)
+    keep = m.any(dim=0)  # (N + L,) an evaluation-time host sync, once per segment
+    if not bool(keep.all()):
+        k, v, m = k[:, keep], v[:, keep], m[:, keep]
+    if max_entries is not None and m.shape[1] > max_entries:
+        k, v, m = k[:, -max_entries:], v[:, -max_entries:], m[:, -max_entries:]
+    return Datastore(k, v, m)
+
+
+def squared_distances(queries: Tensor, keys: Tensor) -> Tensor:
+    """||q - k||² for every pair: (B, L, D) x (B or 1, N, D) -> (B, L, N), float32, >= 0."""
+    q = queries.float()
+    k = keys.float()
+    qq = (q * q).sum(-1, keepdim=True)  # (B, L, 1)
+    kk = (k * k).sum(-1)[:, None, :]  # (B or 1, 1, N)
+    return (qq + kk - 2.0 * torch.matmul(q, k.transpose(1, 2))).clamp_min_(0.0)  # (B, L, N)
+
+
+def knn_log_prob(
+    queries: Tensor,
+    targets: Tensor,
+    store: Datastore,
+    segment_values: Tensor,
+    segment_valid: Tensor,
+    settings: KNNLMSettings,
+    shared: Datastore | None = None,
+) -> tuple[Tensor, Tensor]:
+    """log p_kNN(target) of every position of a segment, from strictly earlier entries.
+
+    Candidates of position i: the shared store, the row's stream store, and the segment's
+    own entries j < i (j's value is the token after j, already read by i).
+
+    Args:
+        queries: (B, L, D) keys of this segment's positions.
+        targets: (B, L) int64 the tokens to score (any value where not scored).
+        store: the stream datastore before this segment (B rows).
+        segment_values: (B, L) int64 the token after each position (its entry's value).
+        segment_valid: (B, L) bool, positions whose entry exists (a real next token).
+        settings: k and temperature.
+        shared: a datastore of one row read by every row (training text), or None.
+
+    Returns:
+        log_p: (B, L) float32 log p_kNN(target) (-inf where no neighbour holds the target).
+        found: (B, L) bool, positions with at least one candidate.
+    """
+    B, L, _ = queries.shape
+    device = queries.device
+    dist, allowed, values = [], [], []
+    if shared is not None and shared.size:
+        dist.append(squared_distances(queries, shared.keys))  # (B, L, S)
+        allowed.append(shared.valid[:, None, :].expand(B, L, -1))
+        values.append(shared.values.expand(B, -1))
+    if store.size:
+        dist.append(squared_distances(queries, store.keys))  # (B, L, N)
+        allowed.append(store.valid[:, None, :].expand(B, L, -1))
+        values.append(store.values)
+    earlier = torch.ones(L, L, dtype=torch.bool, device=device).tril(-1)  # (L, L) j < i
+    dist.append(squared_distances(queries, queries))  # (B, L, L)
+    allowed.append(earlier[None] & segment_valid.to(torch.bool)[:, None, :])
+    values.append(segment_values.to(torch.int64))
+    scores = -torch.cat(dist, dim=2) / settings.temperature  # (B, L, C)
+    allowed_all = torch.cat(allowed, dim=2)
+    scores = scores.masked_fill(~allowed_all, -math.inf)
+    found = allowed_all.any(dim=2)  # (B, L)
+    top, idx = scores.topk(min(settings.k, scores.shape[2]), dim=2)  # (B, L, K)
+    neighbour = torch.cat(values, dim=1).gather(1, idx.flatten(1)).view_as(idx)  # (B, L, K)
+    top = torch.where(found[..., None], top, torch.zeros_like(top))  # no candidate: no NaN from softmax
+    log_w = torch.log_softmax(top, dim=2)
+    hit = (neighbour == targets[..., None]) & torch.isfinite(top)
+    log_p = torch.logsumexp(log_w.masked_fill(~hit, -math.inf), dim=2)
+    return log_p, found
+
+
+def interpolate(lm_log_prob: Tensor, knn_log_p: Tensor, found: Tensor, lmbda: float) -> Tensor:
+    """log(λ p_kNN + (1 - λ) p_LM) of the targets; the model alone where no candidate was found."""
+    lm = lm_log_prob.float()
+    if lmbda == 0.0:
+        return lm
+    mixed = torch.logaddexp(math.log(lmbda) + knn_log_p,
+                            (math.log1p(-lmbda) if lmbda < 1.0 else -math.inf) + lm)
+    return torch.where(found, mixed, lm)
+
+
+@dataclass
+class KNNScorer:
+    """The per-stream kNN-LM state of one evaluation: feed it each segment in order.
+
+    Args:
+        settings: the kNN-LM settings.
+        shared: a training-text datastore read by every stream, or None.
+    """
+
+    settings: KNNLMSettings
+    shared: Datastore | None = None
+    store: Datastore | None = field(default=None, init=False)
+
+    def segment_nll(self, keys: Tensor, logits: Tensor, batch: Any, reset: Tensor | None,
+                    scored_targets: Tensor) -> tuple[Tensor, Tensor]:
+        """(kNN-LM NLL, model-only NLL) of the scored targets, then this segment's entries stored.
+
+        Args:
+            keys: (B, L, D) this segment's keys. logits: (B, L, V).
+            batch: the `StreamBatch` (its `targets` give the entries' values, even where a
+                protocol does not score them).
+            reset: (B,) bool rows whose stream starts afresh before this segment, or None.
+            scored_targets: (B, L) the targets scored (-100 elsewhere).
+
+        Returns:
+            Two (K,) float32 vectors over the scored positions, in row-major order.
+        """
+        B, L, D = keys.shape
+        if self.store is None:
+            self.store = Datastore.empty(B, D, keys.device)
+        if reset is not None:
+            self.store = reset_rows(self.store, reset)
+        values = batch.targets
+        valid = values != IGNORE_INDEX
+        mask = scored_targets != IGNORE_INDEX
+        tgt = scored_targets.clamp_min(0)
+        lm = torch.log_softmax(logits.float(), dim=-1).gather(2, tgt[..., None]).squeeze(2)  # (B, L)
+        knn, found = knn_log_prob(keys, tgt, self.store, values.clamp_min(0), valid, self.settings, self.shared)
+        mixed = interpolate(lm, knn, found, self.settings.lmbda)
+        self.store = append(self.store, keys, values.clamp_min(0), valid, self.settings.max_entries)
+        return -mixed[mask], -lm[mask]
+
+
+def key_module(model: Any, key: KeyName) -> torch.nn.Module:
+    """The GPT-2 submodule whose output is the kNN-LM key (inside a DeepSpeed engine, peft or an adapter)."""
+    from transformers import GPT2Model
+
+    for module in model.modules():
+        if isinstance(module, GPT2Model):
+            return module.h[-1].ln_2 if key == "ffn_input" else module.ln_f
+    raise ValueError(f"kNN-LM reads its keys from a GPT-2 backbone, and {type(model).__name__} has none")
+
+
+class KeyCapture:
+    """The keys of the latest forward (read `.keys` after each model call)."""
+
+    keys: Tensor | None = None
+
+
+@contextlib.contextmanager
+def capture_keys(model: Any, key: KeyName) -> Iterator[KeyCapture]:
+    """A forward hook that keeps the (B, L, D) key of every model call, removed on exit."""
+    held = KeyCapture()
+
+    def hook(_module, _inputs, output):
+        held.keys = output.detach()
+
+    handle = key_module(model, key).register_forward_hook(hook)
+    try:
+        yield held
+    finally:
+        handle.remove()
+
+
+def build_datastore(model: Any, streams: Any, settings: KNNLMSettings, *, reset: Any, device: torch.device,
+                    steps: int | None = None, max_entries: int | None = None) -> Datastore:
+    """A shared datastore of (key, next token) from `streams` read by `model` with its memory.
+
+    Args:
+        streams: e.g. `TokenStreams` over the training split.
+        reset: the `ResetPolicy` the streams are read with.
+        steps: segments to read (default: all).
+        max_entries: stop once this many entries are stored.
+
+    Returns:
+        A one-row `Datastore` of every stream's entries.
+    """
+    from memoria_ds.data.segments import run_segments
+    from memoria_ds.eval.scoring import evaluating
+
+    keys, values = [], []
+    count = 0
+    with evaluating(model), capture_keys(model, settings.key) as held:
+        for seg in run_segments(model, streams, reset=reset, device=device, steps=steps):
+            valid = seg.batch.targets != IGNORE_INDEX  # (B, L)
+            keys.append(held.keys.float()[valid])  # (n, D)
+            values.append(seg.batch.targets[valid])
+            count += keys[-1].shape[0]
+            if max_entries is not None and count >= max_entries:
+                break
+    k = torch.cat(keys)[:max_entries]
+    v = torch.cat(values)[:max_entries]
+    return Datastore(k[None], v[None], torch.ones(1, k.shape[0], dtype=torch.bool, device=k.device))
+
+
+__all__ = ["KEYS", "Datastore", "KNNLMSettings", "KNNScorer", "append", "build_datastore", "capture_keys",
+           "interpolate", "key_module", "knn_log_prob", "reset_rows", "squared_distances"]

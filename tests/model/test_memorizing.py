@@ -1,0 +1,283 @@
+"""`memorizing` (Memorizing Transformer): the kNN attention against a slow reference of the paper's
+equations, the memory's FIFO and resets, its initialisation, and the model contract (the
+contract tests of the other kinds, run on this one)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from model_helpers import VOCAB, run_stream, segments
+from test_causality import test_a_token_affects_only_what_comes_after_it as _causality
+from test_checkpointing_and_attention import test_gradient_checkpointing_gives_the_same_loss_and_gradients as _ckpt
+from test_checkpointing_and_attention import test_sdpa_and_eager_agree as _sdpa_eager
+from test_generate import test_greedy_generate_matches_a_reference_decode as _generate
+from test_memory_state import test_state_dict_round_trip_continues_identically as _round_trip
+from test_memory_state import test_take_and_put_rows_keep_outputs as _rows
+
+from memoria_ds.model import MemoriaGPT2Config, memory_from_state_dict
+from memoria_ds.model.recurrent import MemorizingMemory
+from memoria_ds.model.knn_attention import KNNSlots, initial_scale, knn_retrieve
+
+
+# ---------------------------------------------------------------------- the slow reference
+def reference_stream(model, segs, resets=None):
+    """Logits of every segment, the paper's equations one query at a time over Python lists."""
+    cfg = model.config
+    layer, size, topk = cfg.resolved_memorizing_layer, cfg.memorizing_size, cfg.memorizing_topk
+    H = cfg.n_head
+    hd = cfg.n_embd // H
+    knn = model.memory_blocks[layer].knn_attention
+    B = segs[0].shape[0]
+    store = [[[] for _ in range(H)] for _ in range(B)]  # per row, per head: [(unit key, value)]
+    out = []
+    with torch.no_grad():
+        for t, x in enumerate(segs):
+            if resets is not None:
+                for b in range(B):
+                    if resets[t][b]:
+                        store[b] = [[] for _ in range(H)]
+            L = x.shape[1]
+            h = model.transformer.wte(x) + model.transformer.wpe(torch.arange(L)[None])
+            for i, block in enumerate(model.transformer.h):
+                q, k, v = block.attn.c_attn(block.ln_1(h)).split(cfg.n_embd, dim=2)
+                q, k, v = (z.view(B, L, H, hd).transpose(1, 2) for z in (q, k, v))  # (B, H, L, hd)
+                logits = q @ k.transpose(-1, -2) / math.sqrt(hd)
+                logits = logits.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), -math.inf)
+                heads = torch.softmax(logits, -1) @ v  # V_c
+                if i == layer:
+                    mixed = heads.clone()
+                    for b in range(B):
+                        for hh in range(H):
+                            entries = store[b][hh]
+                            if not entries:
+                                continue  # an empty memory: the local attention alone
+                            g = 1 / (1 + math.exp(-float(knn.gate_bias[hh])))
+                            for pos in range(L):
+                                qn = q[b, hh, pos] / q[b, hh, pos].norm()
+                                sims = sorted(((float(qn @ key), val) for key, val in entries), key=lambda e: -e[0])
+                                top = sims[:topk]
+                                w = torch.softmax(torch.tensor([s for s, _ in top]) * float(knn.scale[hh]), 0)
+                                v_m = sum(wi * val for wi, (_, val) in zip(w, top))
+                                mixed[b, hh, pos] = g * v_m + (1 - g) * heads[b, hh, pos]
+                    heads = mixed
+                    for b in range(B):
+                        for hh in range(H):
+                            store[b][hh] += [(k[b, hh, p] / k[b, hh, p].norm(), v[b, hh, p]) for p in range(L)]
+                            store[b][hh] = store[b][hh][-size:]  # oldest out
+                h = h + block.attn.c_proj(heads.transpose(1, 2).reshape(B, L, cfg.n_embd))
+                h = h + block.mlp(block.ln_2(h))
+            out.append(model.lm_head(model.transformer.ln_f(h)))
+    return out
+
+
+@pytest.mark.parametrize("settings", [dict(memorizing_size=20, memorizing_topk=4),
+                                      dict(memorizing_size=100, memorizing_topk=32, memorizing_layer=0)])
+def test_model_matches_the_slow_reference(make_model, settings):
+    model = make_model("memorizing", memory_init="random", **settings)
+    segs = segments(count=4)
+    resets = [[True] * 3, [False] * 3, [False, True, False], [False] * 3]
+    with torch.no_grad():
+        memory, got = None, []
+        for x, r in zip(segs, resets):
+            o = model(x, memory=memory, reset=torch.tensor(r))
+            memory = o.memory
+            got.append(o.logits)
+    want = reference_stream(model, segs, resets)
+    for t, (a, b) in enumerate(zip(got, want)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=f"segment {t}")
+    assert memory.length == settings["memorizing_size"] if settings["memorizing_size"] < 48 else memory.length == 48
+
+
+def test_retrieval_matches_a_loop_over_slots():
+    g = torch.Generator().manual_seed(0)
+    B, H, Q, M, hd, k = 2, 3, 5, 9, 4, 3
+    q = torch.randn(B, H, Q, hd, generator=g)
+    keys = torch.nn.functional.normalize(torch.randn(B, H, M, hd, generator=g), dim=-1)
+    values = torch.randn(B, H, M, hd, generator=g)
+    mask = torch.rand(B, M, generator=g) > 0.3
+    mask[1] = False  # a row with nothing stored
+    scale = torch.tensor([1.0, 3.0, 10.0])
+    v_m, found = knn_retrieve(q, KNNSlots(keys, values, mask), scale, k)
+    assert found.tolist() == [True, False] and torch.equal(v_m[1], torch.zeros_like(v_m[1]))
+    for h in range(H):
+        for i in range(Q):
+            qn = q[0, h, i] / q[0, h, i].norm()
+            sims = sorted([(float(qn @ keys[0, h, m]), m) for m in range(M) if mask[0, m]], reverse=True)[:k]
+            w = torch.softmax(torch.tensor([s for s, _ in sims]) * scale[h], 0)
+            want = sum(wi * values[0, h, m] for wi, (_, m) in zip(w, sims))
+            torch.testing.assert_close(v_m[0, h, i], want, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------- the memory
+def test_memory_keeps_the_newest_normalised_pairs(make_model):
+    model = make_model("memorizing", memory_init="random", memorizing_size=30)
+    segs = segments(count=4)  # 48 tokens: the first 18 fall out
+    layer = model.config.resolved_memorizing_layer
+    keys, values = [], []
+    with torch.no_grad():
+        memory = None
+        for x in segs:
+            out = model(x, memory=memory)
+            memory = out.memory
+    captured = {}
+
+    def hook(_m, _i, output):
+        captured.setdefault("kv", []).append(output)
+
+    # the layer's keys/values, from its own c_attn over the same stream
+    handle = model.transformer.h[layer].attn.c_attn.register_forward_hook(hook)
+    with torch.no_grad():
+        run_stream(model, segs)
+    handle.remove()
+    H, hd = model.config.n_head, model.config.n_embd // model.config.n_head
+    for qkv in captured["kv"]:
+        _, k, v = qkv.split(model.config.n_embd, dim=2)
+        keys.append(k.view(3, 12, H, hd).transpose(1, 2))
+        values.append(v.view(3, 12, H, hd).transpose(1, 2))
+    k_all = torch.nn.functional.normalize(torch.cat(keys, 2), dim=-1)[:, :, -30:]
+    v_all = torch.cat(values, 2)[:, :, -30:]
+    assert memory.length == 30 and bool(memory.mask.all())
+    torch.testing.assert_close(memory.keys, k_all, rtol=0, atol=1e-6)
+    torch.testing.assert_close(memory.values, v_all, rtol=0, atol=1e-6)
+    assert memory.keys.dtype == torch.float32 and not memory.keys.requires_grad
+
+
+def test_a_reset_row_is_a_fresh_stream(make_model):
+    model = make_model("memorizing", memory_init="random")
+    segs = segments(count=5)
+    with torch.no_grad():
+        _, memory = run_stream(model, segs[:3])
+        keep = [o.logits for o in run_stream(model, segs[3:], memory=memory.clone())[0]]
+        first = model(segs[3], memory=memory, reset=torch.tensor([False, True, False]))
+        rest, _ = run_stream(model, segs[4:], memory=first.memory)
+        fresh = [o.logits for o in run_stream(model, [s[1:2] for s in segs[3:]])[0]]
+    for got, k, f in zip([first.logits] + [o.logits for o in rest], keep, fresh):
+        torch.testing.assert_close(got[[0, 2]], k[[0, 2]], rtol=0, atol=1e-6)
+        torch.testing.assert_close(got[1:2], f, rtol=0, atol=1e-5)
+
+
+def test_no_gradient_flows_into_the_memory_but_into_the_gate_and_queries(make_model):
+    model = make_model("memorizing", memory_init="random").train()
+    memory = None
+    for x in segments(count=3):
+        out = model(x, labels=x, memory=memory)
+        memory = out.memory
+        assert not memory.keys.requires_grad and not memory.values.requires_grad
+    model.zero_grad()
+    model(segments(count=1, seed=5)[0], labels=segments(count=1, seed=5)[0], memory=memory).loss.backward()
+    knn = model.memory_blocks[model.config.resolved_memorizing_layer].knn_attention
+    assert knn.gate_bias.grad.abs().min() > 0 and knn.scale.grad.abs().min() > 0
+
+
+# ---------------------------------------------------------------------- initialisation and config
+@pytest.mark.parametrize("init,bias", [("noop", -4.0), ("random", 0.0)])
+def test_stated_initialisation_and_a_first_segment_that_is_the_backbone(make_model, init, bias):
+    model = make_model("memorizing", memory_init=init, memorizing_topk=32)
+    backbone = make_model("transformer")
+    backbone.load_state_dict(model.state_dict(), strict=False)
+    knn = model.memory_blocks[1].knn_attention  # round(0.75 * 2) - 1: the top block of 2
+    assert [n for n, _ in model.named_parameters() if "knn" in n] == [
+        "memory_blocks.1.knn_attention.gate_bias", "memory_blocks.1.knn_attention.scale"]
+    assert torch.equal(knn.gate_bias.data, torch.full((4,), bias))
+    assert torch.equal(knn.scale.data, torch.full((4,), math.log2(32 * 31)))
+    assert initial_scale(1) == 1.0
+    x = segments(count=2)
+    with torch.no_grad():
+        first = model(x[0])
+        torch.testing.assert_close(first.logits, backbone(x[0]).logits, rtol=0, atol=0)  # empty memory
+        assert (model(x[1], memory=first.memory).logits - backbone(x[1]).logits).abs().max() > 0
+
+
+def test_layer_defaults_and_validation(backbone_config):
+    assert MemoriaGPT2Config.from_backbone(backbone_config, "memorizing").resolved_memorizing_layer == 1
+    twelve = backbone_config.to_dict() | {"n_layer": 12}
+    from transformers import GPT2Config
+
+    cfg = MemoriaGPT2Config.from_backbone(GPT2Config(**twelve), "memorizing")
+    assert cfg.resolved_memorizing_layer == 8  # the paper's 9th of 12
+    assert (cfg.memorizing_size, cfg.memorizing_topk) == (8192, 32)
+    assert MemoriaGPT2Config.from_backbone(backbone_config, "xl").resolved_memorizing_layer is None
+    for bad, match in ((dict(memorizing_layer=2), "memorizing_layer"), (dict(memorizing_size=0), "memorizing_size"),
+                       (dict(memorizing_topk=0), "memorizing_topk")):
+        with pytest.raises(Exception, match=match):  # HF's strict-dataclass error, caused by a ValueError
+            MemoriaGPT2Config.from_backbone(backbone_config, "memorizing", **bad)
+
+
+def test_state_dict_refuses_another_kind_or_shape(make_model):
+    model = make_model("memorizing")
+    with torch.no_grad():
+        _, memory = run_stream(model, segments(count=2))
+    sd = memory.state_dict()
+    assert type(memory_from_state_dict(sd)) is MemorizingMemory
+    with pytest.raises(ValueError, match="inconsistent"):
+        MemorizingMemory.from_state_dict(sd | {"mask": sd["mask"][:, :3]})
+    with pytest.raises(ValueError, match="kind"):
+        MemorizingMemory.from_state_dict(sd | {"kind": "xl"})
+    with pytest.raises(TypeError, match="XLMemory"):
+        model(segments(count=1)[0], memory=make_model("xl").empty_memory(3))
+    other = make_model("memorizing", n_head=2)
+    with pytest.raises(ValueError, match="heads"):
+        other(segments(count=1)[0], memory=memory)
+
+
+def test_save_and_load_keep_the_knn_parameters(make_model, tmp_path):
+    model = make_model("memorizing", memory_init="random")
+    with torch.no_grad():
+        model.memory_blocks[1].knn_attention.gate_bias.add_(torch.arange(4.0))
+    model.save_pretrained(tmp_path)
+    from memoria_ds.model import MemoriaGPT2LMHeadModel
+
+    again = MemoriaGPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    segs = segments(count=3)
+    with torch.no_grad():
+        a, _ = run_stream(model, segs)
+        b, _ = run_stream(again, segs)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x.logits, y.logits, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------- the contract tests of every kind
+@pytest.mark.parametrize("t,pos", [(2, 0), (2, 7), (1, 11)])
+def test_causality(make_model, t, pos):
+    _causality(make_model, "memorizing", t, pos)
+
+
+def test_gradient_checkpointing(make_model):
+    _ckpt(make_model, "memorizing")
+
+
+def test_sdpa_and_eager(make_model):
+    _sdpa_eager(make_model, "memorizing")
+
+
+def test_state_dict_round_trip(make_model):
+    _round_trip(make_model, "memorizing")
+
+
+def test_take_and_put_rows(make_model):
+    _rows(make_model, "memorizing")
+
+
+def test_generate(make_model):
+    _generate(make_model, "memorizing")
+
+
+def test_bf16(make_model):
+    model = make_model("memorizing", memory_init="random").to(torch.bfloat16)
+    with torch.no_grad():
+        outs, memory = run_stream(model, segments(count=3))
+    assert memory.keys.dtype == torch.float32 and all(torch.isfinite(o.logits).all() for o in outs)
+    assert outs[-1].logits.dtype == torch.bfloat16
+
+
+def test_tokens_change_only_later_segments_through_the_memory(make_model):
+    model = make_model("memorizing", memory_init="random")
+    segs = segments(count=3)
+    changed = [s.clone() for s in segs]
+    changed[0][:, 5] = (changed[0][:, 5] + 1) % VOCAB
+    with torch.no_grad():
+        a, _ = run_stream(model, segs)
+        b, _ = run_stream(model, changed)
+    assert (a[2].logits - b[2].logits).abs().max() > 1e-5  # segment 2 reads segment 0 only through the memory

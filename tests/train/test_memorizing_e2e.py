@@ -1,0 +1,68 @@
+"""The `memorizing` kind through the real launcher on 2 CPU ranks (gloo): a kill and resume gives the
+uninterrupted run's losses and memory bit for bit; ZeRO-3 with LoRA on a pretrained backbone trains
+the kNN gate with the adapters."""
+
+from __future__ import annotations
+
+import torch
+
+from memoria_ds.safe_io import load_tree
+from memoria_ds.train.faults import EXIT_CODE
+
+from .launch_util import ROOT, check, losses_by_step, metrics, run_training
+
+# 2 layers (the kNN block is the top one), a memory of 24 pairs: 16-token segments push the oldest out
+MEMORIZING = ("model.preset=memorizing",
+              "model.settings={n_layer: 2, n_embd: 32, n_head: 2, n_positions: 64, resid_pdrop: 0.0, "
+              "embd_pdrop: 0.0, attn_pdrop: 0.0, memory_init: random, memorizing_size: 24, memorizing_topk: 4}")
+
+
+def _memory(ckpt, rank):
+    shard = load_tree(ckpt / f"rank_{rank:05d}.safetensors")
+    return {f"{slot}.{k}": v for slot, sd in enumerate(shard["memory"]) for k, v in sd.items()
+            if isinstance(v, torch.Tensor)}
+
+
+def test_two_rank_kill_and_resume_equals_uninterrupted(tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    check(run_training(whole, *MEMORIZING, ranks=2))
+    proc = run_training(killed, *MEMORIZING, ranks=2, fault="kill_after_step:4")
+    assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
+    check(run_training(killed, *MEMORIZING, "checkpoint.resume=auto", ranks=2))
+    a, b = losses_by_step(whole), losses_by_step(killed)
+    assert set(a) == set(b) == {1, 2, 3, 4, 5, 6}
+    for step in (4, 5, 6):  # run after the resume from step 3
+        assert a[step] == b[step], f"step {step}: uninterrupted {a[step]!r} vs resumed {b[step]!r}"
+    for rank in (0, 1):
+        ma = _memory(whole / "checkpoints" / "step_00000006", rank)
+        mb = _memory(killed / "checkpoints" / "step_00000006", rank)
+        assert ma.keys() == mb.keys() and any(k.endswith(".keys") for k in ma)
+        for key in ma:
+            assert torch.equal(ma[key], mb[key]), (rank, key)
+        full = [v for k, v in ma.items() if k.endswith(".mask")]
+        assert all(m.shape[1] == 24 and bool(m.all()) for m in full), "the memory filled to its cap"
+    evals = metrics(whole, "eval_full")
+    assert evals and evals[-1]["ppl"] == evals[-1]["ppl"]
+
+
+def test_zero3_lora_trains_the_knn_gate(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    backbone = tmp_path / "backbone"
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=64)).save_pretrained(backbone)
+    run = tmp_path / "run"
+    check(run_training(
+        run, "model.preset=memorizing", f"model.backbone={backbone}", "model.from_scratch=false",
+        "model.settings={memorizing_size: 24, memorizing_topk: 4}", "lora.enabled=true", "lora.r=4",
+        f"deepspeed={ROOT / 'ds_configs' / 'cpu_zero3.json'}", "optim.max_steps=3", "checkpoint.export=true",
+        "checkpoint.merge_lora=true", "eval.at_end=false", ranks=2,
+    ))
+    import memoria_ds.model  # noqa: F401
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(run / "export")
+    gate = model.memory_blocks[1].knn_attention.gate_bias
+    assert not torch.equal(gate, torch.full_like(gate, -4.0)), "the gate (a memory module) was trained"
+    losses = [r["loss"] for r in metrics(run)]
+    assert len(losses) == 3 and all(x == x for x in losses)
