@@ -34,6 +34,7 @@ MEMORY_TYPES = ("none", "xl", "memoria", "compressive", "infinity", "memorizing"
 # kinds that cache keys/values at the positions they were computed at (`xl_positions` applies)
 CACHED_KV_TYPES = ("xl", "compressive")
 ATTENTION_MODES = ("sequential", "parallel")
+MEMORY_READS = ("cross_attention", "self_attention")
 INIT_MODES = ("noop", "random")
 ABSTRACTOR_STYLES = ("transformer", "authors")
 XL_POSITIONS = ("shared", "alternate")
@@ -73,7 +74,8 @@ SETTINGS_OF_KIND: dict[str, frozenset[str]] = {
     "none": frozenset(),
     "xl": frozenset({"xl_memory_length", "xl_positions"}),
     "memoria": frozenset({"memoria", "memory_layers", "memory_heads", "memory_inner_dim", "memory_inner_dim_ratio",
-                          "memory_attention_mode", "abstractor_style", "memory_compile"}),
+                          "memory_attention_mode", "abstractor_style", "memory_compile", "memory_read",
+                          "engram_loss"}),
     "compressive": frozenset({"xl_positions"}),
     "infinity": frozenset(),
     "memorizing": frozenset({"memorizing_layer", "memorizing_size", "memorizing_topk"}),
@@ -131,6 +133,19 @@ class MemoriaGPT2Config(GPT2Config):
             cross-attention -> reminded-engram cross-attention -> MLP, each with its own
             pre-layer-norm and residual) or `"parallel"` (one layer norm and one query for
             both uses; their outputs are summed before one output projection).
+        memory_read: how the blocks read Memoria's engrams. `"cross_attention"` (the paper's
+            model: a memory cross-attention after each block's self-attention, configured by
+            the four settings above) or `"self_attention"` (an option beyond the paper: the
+            working memory and reminded engrams are key/value slots of every block's own
+            self-attention, projected by that block's `ln_1` and `c_attn` as Transformer-XL's
+            cache is, competing with the segment's tokens in one softmax; no new weights, and
+            not a no-op at initialisation: docs/model.md, "Options beyond the paper").
+        engram_loss: weight of an auxiliary loss (an option beyond the paper; 0 = off, the
+            paper's model) that trains the abstractor to keep the passage: every token of the
+            previous segment, attending (parameter-free dot-product attention) over the working
+            memory, should read what it reads attending over the whole previous segment (the
+            Compressive Transformer's attention-reconstruction loss, with the segment's final
+            hidden states as queries, keys and values; the target carries no gradient).
         memory_init: `"noop"` (output projections of the memory attention start at zero:
             the model starts exactly as the backbone) or `"random"` (the paper's random
             initialisation of every new weight).
@@ -170,6 +185,8 @@ class MemoriaGPT2Config(GPT2Config):
     memory_inner_dim: int | None = None
     memory_inner_dim_ratio: float | None = DEFAULT_MEMORY_WIDTH_RATIO
     memory_attention_mode: str = "sequential"
+    memory_read: str = "cross_attention"
+    engram_loss: float = 0.0
     memory_init: str = "noop"
     abstractor_style: str = "transformer"
     xl_memory_length: int | None = None
@@ -196,6 +213,13 @@ class MemoriaGPT2Config(GPT2Config):
             raise ValueError(
                 f"`memory_attention_mode` must be one of {ATTENTION_MODES}, got {self.memory_attention_mode!r}"
             )
+        if self.memory_read not in MEMORY_READS:
+            raise ValueError(f"`memory_read` must be one of {MEMORY_READS}, got {self.memory_read!r}")
+        if self.memory_read == "self_attention" and self.memory_layers is not None:
+            raise ValueError("`memory_read='self_attention'` reads the engrams in every block's self-attention; "
+                             "leave `memory_layers` unset")
+        if not (isinstance(self.engram_loss, (int, float)) and 0 <= self.engram_loss < float("inf")):
+            raise ValueError(f"`engram_loss` ({self.engram_loss!r}) must be a finite weight >= 0 (0: off)")
         if self.memory_init not in INIT_MODES:
             raise ValueError(f"`memory_init` must be one of {INIT_MODES}, got {self.memory_init!r}")
         if self.abstractor_style not in ABSTRACTOR_STYLES:
@@ -254,8 +278,9 @@ class MemoriaGPT2Config(GPT2Config):
 
     @property
     def resolved_memory_layers(self) -> list[int]:
-        """Blocks with a memory cross-attention (empty unless `memory_type == "memoria"`)."""
-        if self.memory_type != "memoria":
+        """Blocks with a memory cross-attention (empty unless `memory_type == "memoria"` and
+        `memory_read == "cross_attention"`)."""
+        if self.memory_type != "memoria" or self.memory_read != "cross_attention":
             return []
         return sorted(self.memory_layers) if self.memory_layers is not None else list(range(self.n_layer))
 
@@ -359,6 +384,8 @@ def _memory_fields() -> set[str]:
         "memory_inner_dim",
         "memory_inner_dim_ratio",
         "memory_attention_mode",
+        "memory_read",
+        "engram_loss",
         "memory_init",
         "abstractor_style",
         "xl_memory_length",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -49,6 +50,9 @@ class BlockInputs:
         side: a read whose `side_attention` adds to every block's self-attention output (the
             infinity-former's long-term memory), or None.
         knn: the kNN memory the `memorizing` block reads (`KNNSlots`), or None.
+        engram_slots: the engrams are key/value slots of every block's self-attention
+            (Memoria's `memory_read="self_attention"`; their mask is the attention mask's first
+            slots), not read by a memory cross-attention.
     """
 
     attention_mask: Tensor | None
@@ -58,6 +62,7 @@ class BlockInputs:
     collect_queries: bool = False
     side: MemoryRead | None = None
     knn: KNNSlots | None = None
+    engram_slots: bool = False
 
 
 class MemoryBlock(GradientCheckpointingLayer):
@@ -118,13 +123,16 @@ class MemoryBlock(GradientCheckpointingLayer):
             attention or None; this segment's keys and values (B, H, L, hd) if
             `inputs.collect_kv`, else None.
         """
+        if inputs.engram_slots and engrams is not None:  # projected as this block projects its tokens
+            memory_keys, memory_values = engram_key_values(block, engrams)
         kv = None
         if inputs.collect_kv or memory_keys is not None or inputs.cache is not None:
             kv = ExtendedKeyValues(memory_keys, memory_values, inputs.cache)
         residual = hidden
         queries: list[Tensor] = []
         handle = None
-        if inputs.collect_queries or inputs.side is not None:  # GPT2Attention keeps its queries: read c_attn's (q | k | v)
+        engram_weights = inputs.engram_slots and engrams is not None and inputs.memory is not None
+        if inputs.collect_queries or inputs.side is not None or engram_weights:  # GPT2Attention keeps its queries: read c_attn's (q | k | v)
             width = block.attn.split_size
             handle = block.attn.c_attn.register_forward_hook(lambda m, i, out: queries.append(out[..., :width]))
         try:
@@ -147,6 +155,8 @@ class MemoryBlock(GradientCheckpointingLayer):
             attn_output = attn_output + extra
         hidden = attn_output + residual
         weights = None
+        if engram_weights and heads is not None:
+            weights = reminded_contribution(block, heads, memory_keys, inputs.memory)
         if self.memory_attention is not None:
             hidden, weights = self.memory_attention(hidden, engrams, inputs.memory)
         residual = hidden
@@ -157,4 +167,32 @@ class MemoryBlock(GradientCheckpointingLayer):
         return hidden, weights, None, None, query, *side
 
 
-__all__ = ["MemoryBlock", "BlockInputs"]
+def engram_key_values(block: GPT2Block, engrams: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, H, E, hd) keys and values of the engrams as `block`'s self-attention makes its tokens'
+    (its `ln_1` and `c_attn`, LoRA included): they join the tokens' keys in one softmax."""
+    attn = block.attn
+    _, keys, values = attn.c_attn(block.ln_1(engrams)).split(attn.split_size, dim=-1)  # (B, E, D) each
+    B, E, _ = keys.shape
+    return tuple(t.view(B, E, -1, attn.head_dim).transpose(1, 2) for t in (keys, values))  # type: ignore[return-value]
+
+
+def reminded_contribution(block: GPT2Block, queries: Tensor, keys: Tensor, mem: MemoryInputs) -> Tensor | None:
+    """(B, R) fp32 mean attention probability each reminded engram gets from the segment's queries
+    (B, H, L, hd), over the reminded engrams alone, as the paper's memory attention gives it; no
+    gradient. None when no engram is reminded."""
+    R = mem.reminded_mask.shape[1]
+    if not R:
+        return None
+    attn = block.attn
+    N = keys.shape[2] - R
+    scale = attn.head_dim**-0.5 if attn.scale_attn_weights else 1.0
+    if attn.scale_attn_by_inverse_layer_idx:
+        scale /= attn.layer_idx + 1
+    masks = mem.masks_for(N, torch.float32)
+    with torch.no_grad():
+        scores = torch.matmul(queries.float(), keys[:, :, N:].float().transpose(-1, -2)) * scale
+        probs = (scores + masks.rem_keys[..., N:]).softmax(dim=-1)  # (B, H, L, R)
+    return MemoryAttention.contribution(probs, mem.query_mask)
+
+
+__all__ = ["MemoryBlock", "BlockInputs", "engram_key_values", "reminded_contribution"]

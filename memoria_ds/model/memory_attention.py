@@ -179,7 +179,7 @@ class MemoryAttention(nn.Module):
             return scores.float().softmax(dim=-1)
 
     @staticmethod
-    def _contribution(probs: Tensor, query_mask: Tensor | None) -> Tensor:
+    def contribution(probs: Tensor, query_mask: Tensor | None) -> Tensor:
         """(B, H, L, R) probabilities -> (B, R) mean over heads and (real) query tokens."""
         if query_mask is None:
             return probs.mean(dim=(1, 2))
@@ -215,7 +215,7 @@ class MemoryAttention(nn.Module):
                 q = self._heads(self.q_proj(self.ln_rem(hidden)))
                 a, probs = self._attend(q, k, v, masks.rem_keys, mem.use_sdpa)
                 hidden = hidden + torch.where(masks.rem_gate, self.resid_dropout(self.out_proj(self._merge(a))), 0.0)
-                weights = self._contribution(self._reminded_probs(q, k, masks, probs), mem.query_mask)
+                weights = self.contribution(self._reminded_probs(q, k, masks, probs), mem.query_mask)
             return hidden, weights
 
         # parallel: one query, two softmaxes, one output projection
@@ -225,7 +225,7 @@ class MemoryAttention(nn.Module):
         if R:
             a_rem, probs = self._attend(q, k, v, masks.rem_keys, mem.use_sdpa)
             a = a + torch.where(masks.rem_gate[..., None], a_rem, 0.0)
-            weights = self._contribution(self._reminded_probs(q, k, masks, probs), mem.query_mask)
+            weights = self.contribution(self._reminded_probs(q, k, masks, probs), mem.query_mask)
         out = self.resid_dropout(self.out_proj(self._merge(a)))
         return hidden + torch.where(masks.any_gate, out, 0.0), weights
 

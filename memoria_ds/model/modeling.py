@@ -259,6 +259,7 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             collect_queries=read.collects_queries and not decoding,
             side=read if read.has_side else None,
             knn=read.knn_memory(),
+            engram_slots=read.engram_slots,
         )
         writes = BlockWrites()
         for i, (block, layer) in enumerate(zip(self.transformer.h, self.memory_blocks)):

@@ -64,6 +64,7 @@ class MemoryRead:
     slot_mask: Tensor | None
     collects_kv: ClassVar[bool] = False
     collects_queries: ClassVar[bool] = False
+    engram_slots: ClassVar[bool] = False  # `engrams` are key/value slots of every block's self-attention
     has_side: ClassVar[bool] = False  # `side_attention` adds to every block's self-attention output
 
     def positions(self, positions: Tensor) -> Tensor:

@@ -7,6 +7,11 @@
     write:  3. memorize(state, retrieval, mean contribution over blocks)   (engine)
             4. h_t = ln_f output, detached, kept as fp32 for the next step
 
+Two options beyond the paper (the config's `memory_read` and `engram_loss`; the defaults are
+the paper's model): the engrams as key/value slots of every block's self-attention
+(`MemoriaSlotRead`), and an auxiliary loss that trains the abstractor to keep the passage
+(`passage_reconstruction_loss`).
+
 Read and write run outside the (checkpointable) blocks, exactly once per forward. Rows with
 no previous segment (the first after a reset) have no working memory: they compute
 exactly the backbone, and their state is returned to fresh after the write.
@@ -131,6 +136,59 @@ class MemoriaRead(BatchRows, MemoryRead):
                             num_wm=self.engrams.shape[1] - R, dtype=self.engrams.dtype)
 
 
+@dataclass
+class MemoriaSlotRead(MemoriaRead):
+    """`memory_read="self_attention"`: the engrams are key/value slots of every block's own
+    self-attention (projected there by the block: `layer.engram_key_values`), masked per row:
+    the working memory where the row has one, the reminded engrams that are real."""
+
+    engram_slots: ClassVar[bool] = True
+
+    @property
+    def slot_mask(self) -> Tensor:  # type: ignore[override]
+        """(B, N + R) bool: which engram slots the tokens may attend to."""
+        B, R = self.reminded_mask.shape
+        wm = self.wm_active[:, None].expand(B, self.engrams.shape[1] - R)
+        return torch.cat([wm, self.reminded_mask], dim=1)
+
+
+@dataclass
+class MemoriaPending:
+    """What Memoria's write needs from its read: the engine's retrieval, and the auxiliary
+    loss of the working memory (`engram_loss`), if any."""
+
+    retrieval: Retrieval
+    loss: Tensor | None = None
+
+
+def passage_reconstruction_loss(wm: Tensor, passage: Tensor, mask: Tensor, active: Tensor) -> Tensor:
+    """The working memory's attention-reconstruction loss (`engram_loss`; an option beyond the paper).
+
+    Every token of the previous segment, as a query, reads the segment itself and, separately,
+    the working memory (parameter-free scaled dot-product attention in the model's width,
+    `passage` as queries, keys and values); the loss is the mean squared difference of the two
+    reads over real tokens of rows that have a working memory, divided by the width. The
+    target carries no gradient: only the working memory (the abstractor) learns from it.
+
+    Args:
+        wm: (B, N, D) the working memory (with the abstractor's gradient).
+        passage: (B, P, D) the previous segment's final hidden states (constants).
+        mask: (B, P) bool, its real tokens. active: (B,) bool, rows with a working memory.
+
+    Returns:
+        A 0-dim fp32 loss (0 when no row is active).
+    """
+    P, W = passage.detach().float(), wm.float()
+    scale = P.shape[-1] ** -0.5
+    blocked = torch.where(mask, 0.0, float("-inf"))[:, None, :]  # (B, 1, P)
+    own = torch.softmax(torch.matmul(P, P.transpose(1, 2)) * scale + blocked, dim=-1)  # (B, P, P)
+    target = torch.matmul(torch.nan_to_num(own), P)  # (B, P, D); a row without tokens gives NaN, zeroed
+    read = torch.matmul(torch.softmax(torch.matmul(P, W.transpose(1, 2)) * scale, dim=-1), W)  # (B, P, D)
+    error = (read - target).pow(2).mean(dim=-1)  # (B, P)
+    counts = (mask & active[:, None]).to(error.dtype)
+    return (error * counts).sum() / counts.sum().clamp(min=1.0)
+
+
 class MemoriaKind(MemoryKind):
     """Working, short-term and long-term memory of engrams (the memory engine, `memoria_ds.memory`)."""
 
@@ -166,20 +224,28 @@ class MemoriaKind(MemoryKind):
     def check(self, memory: MemoriaMemory) -> None:
         memory.state.check(self.settings)
 
-    def read(self, memory: MemoriaMemory, dtype: torch.dtype, abstractor: nn.Module) -> tuple[MemoriaRead, Retrieval]:
+    def read(self, memory: MemoriaMemory, dtype: torch.dtype, abstractor: nn.Module) -> tuple[MemoriaRead, MemoriaPending]:
         active = memory.has_previous  # (B,)
         wm = abstractor(memory.prev_hidden.to(dtype), memory.prev_mask)  # (B, N, D)
         retrieval = self.engine.remind(memory.state, wm, self.settings)
         mask = retrieval.reminded_mask & active[:, None]  # (B, R)
         reminded = retrieval.reminded.to(dtype)  # (B, R, D)
         engrams = torch.cat([wm, reminded], dim=1) if reminded.shape[1] else wm  # (B, N + R, D)
-        return MemoriaRead(engrams, active, mask, mask.any(dim=1)), retrieval
+        read_class = MemoriaSlotRead if self.config.memory_read == "self_attention" else MemoriaRead
+        loss = None
+        if self.config.engram_loss and torch.is_grad_enabled():  # a training signal: not computed for scoring
+            loss = self.config.engram_loss * passage_reconstruction_loss(wm, memory.prev_hidden, memory.prev_mask,
+                                                                         active)
+        return read_class(engrams, active, mask, mask.any(dim=1)), MemoriaPending(retrieval, loss)
+
+    def auxiliary_loss(self, pending: MemoriaPending) -> Tensor | None:
+        return pending.loss
 
     def write(
         self,
         memory: MemoriaMemory,
         read: MemoriaRead,
-        pending: Retrieval,
+        pending: MemoriaPending,
         writes: BlockWrites,
         hidden: Tensor,
         valid: Tensor,
@@ -188,8 +254,8 @@ class MemoriaKind(MemoryKind):
         if writes.weights:
             contribution = torch.stack(writes.weights).mean(dim=0)  # (B, R)
         else:
-            contribution = torch.zeros(pending.reminded_slots.shape, device=hidden.device)
-        stats = self.engine.memorize(memory.state, pending, contribution, self.settings)
+            contribution = torch.zeros(pending.retrieval.reminded_slots.shape, device=hidden.device)
+        stats = self.engine.memorize(memory.state, pending.retrieval, contribution, self.settings)
         # rows without a previous segment wrote a placeholder WM: return them to fresh
         memory.state.reset(~read.wm_active)
         memory.prev_hidden = hidden.detach().to(torch.float32, copy=True)  # a copy: never aliases the graph
@@ -215,4 +281,5 @@ def gate_stats(stats: MemoryStats, active: Tensor, capacity: int) -> MemoryStats
     )
 
 
-__all__ = ["MemoriaMemory", "MemoriaRead", "MemoriaKind", "gate_stats"]
+__all__ = ["MemoriaMemory", "MemoriaRead", "MemoriaSlotRead", "MemoriaPending", "MemoriaKind", "gate_stats",
+           "passage_reconstruction_loss"]
