@@ -371,3 +371,41 @@ def test_the_analysis_reader_refuses_a_crafted_trace_state(tmp_path):
         save_tree(tree, tmp_path / "c.safetensors")
         with pytest.raises(ValueError, match=says):
             load_memory(tmp_path / "c.safetensors")
+
+
+@pytest.mark.parametrize("preset", ["xl", "memoria", "compressive", "infinity", "memorizing"])
+def test_every_kinds_saved_memory_loads_and_a_poisoned_one_is_refused(preset):
+    """No false alarm on what a kind really carries, and a NaN in any of its float fields refused."""
+    from transformers import GPT2Config
+
+    from memoria_ds.model import build_model
+
+    torch.manual_seed(0)
+    backbone = GPT2Config(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=2)
+    settings = {"memoria": dict(num_wm=2, num_stm_reminded=2, num_ltm_reminded=2, stm_capacity=4,
+                                search_depth=1)} if preset == "memoria" else {}
+    model = build_model(backbone, preset, segment_length=8, **settings).eval()
+    memory = None
+    with torch.no_grad():
+        for seed in range(3):
+            memory = model(torch.randint(0, 97, (2, 8), generator=torch.Generator().manual_seed(seed)),
+                           memory=memory).memory
+    sd = memory.state_dict()
+    assert memory_from_state_dict(sd).batch_size == 2
+
+    def floats(tree, path=()):
+        if torch.is_tensor(tree):
+            return [path] if tree.is_floating_point() and tree.numel() else []
+        items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, (list, tuple)) else ()
+        return [p for k, v in items for p in floats(v, path + (k,))]
+
+    paths = floats(sd)
+    assert paths
+    for path in paths:
+        poisoned = memory.clone().state_dict()
+        target = poisoned
+        for key in path:
+            target = target[key]
+        target.view(-1)[0] = float("nan")
+        with pytest.raises(ValueError, match="non-finite"):
+            memory_from_state_dict(poisoned)
