@@ -1,0 +1,195 @@
+"""The Memory Mosaic's memory units (Zhang et al. 2024, Sections 2 and 5; equations 3, 7, 8).
+
+A memory unit is an associative memory read by Gaussian kernel smoothing (softmax attention
+with unit scale) over keys and values made by trainable feature extractors:
+
+    key    k_T = a_phi * Norm(kbar_T),  kbar_T = W_phi x_T + lambda_phi * kbar_{T-1}   (leaky average)
+    value  v_T = a_psi * Norm(vbar_T),  vbar_T = c W_psi x_T + (1 - c) W_psi x_{T+1}   (peeks one step ahead)
+
+(the paper writes vbar_T = vtilde_T + lambda_psi vtilde_{T+1}: the same direction, so after the
+normalisation the same value, with lambda_psi = (1 - c) / c).
+
+- The contextual memory stores this segment's pairs as it goes: position T reads the pairs
+  (k_t, v_t) with t < T (v_t needs x_{t+1}, so t = T is not yet known): the mask excludes the
+  diagonal (eq. 8 with delta = 1), and position 0 reads nothing (its output is 0).
+- The persistent memory's keys come from the same kind of extractor; its keys/values are
+  trained parameters (Sukhbaatar et al., 2019), read without a mask.
+
+Parametrisation as in the reference (`nanoMosaics/mosaic_model.py`): each head's leak rate
+is lambda = exp(-10 |p_leak|), its key scale a_phi = exp(min(10 p_key * s, log 65535)) (s = 1
+for the contextual memory; 2 for the persistent memory, whose stored keys carry no scale of
+their own), value and output scales exp(10 p). Each layer ends with an output projection
+(`out_proj`) and dropout.
+
+Notation: B rows, L tokens, D width, H heads, hd = D / H, S persistent slots, P persistent memories.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import EXP_SCALING, KEY_SCALE_MAX, NORM_EPS, MemoryMosaicConfig
+
+
+def split_heads(x: Tensor, heads: int) -> Tensor:
+    """(B, L, D) -> (B, H, L, hd)."""
+    B, L, D = x.shape
+    return x.view(B, L, heads, D // heads).transpose(1, 2)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(B, H, L, hd) -> (B, L, D)."""
+    B, H, L, hd = x.shape
+    return x.transpose(1, 2).reshape(B, L, H * hd)
+
+
+def leaky_average(k: Tensor, rate: Tensor) -> Tensor:
+    """kbar_T = sum_{t <= T} exp(-rate (T - t)) k_t, every head at its own rate.
+
+    Args:
+        k: (B, H, L, hd).
+        rate: (H,) non-negative; lambda = exp(-rate) is the leak coefficient.
+
+    Returns:
+        (B, H, L, hd), as one (L, L) lower-triangular matmul per head (as the reference does;
+        a scan would do the same with L steps).
+    """
+    L = k.shape[-2]
+    pos = torch.arange(L, device=k.device)
+    lag = (pos[None, :] - pos[:, None]).to(k.dtype)  # (L, L): t - T, <= 0 on and below the diagonal
+    coef = torch.exp(lag * rate.to(k.dtype).view(-1, 1, 1)).tril()  # (H, L, L)
+    return coef @ k  # (B, H, L, hd)
+
+
+def normalise(x: Tensor) -> Tensor:
+    """x / (|x| + eps) along the last dimension."""
+    return x / (x.norm(dim=-1, keepdim=True) + NORM_EPS)
+
+
+def peek_ahead(v: Tensor, mix: Tensor) -> Tensor:
+    """c v_T + (1 - c) v_{T+1} per head (v_{L} = 0: the last position's value is never read in-segment).
+
+    Args:
+        v: (B, H, L, hd). mix: (H,) the weight c of the current position (unconstrained, as in the reference).
+    """
+    nxt = F.pad(v[:, :, 1:], (0, 0, 0, 1))  # (B, H, L, hd): position T holds v_{T+1}
+    c = mix.to(v.dtype).view(1, -1, 1, 1)
+    return (1 - c) * nxt + c * v
+
+
+def contextual_mask(L: int, device: torch.device) -> Tensor:
+    """(L - 1, L) bool: query T (1..L-1) reads key t iff t < T."""
+    return torch.ones(L, L, dtype=torch.bool, device=device).tril(diagonal=-1)[1:]
+
+
+class OutProj(nn.Linear):
+    """A memory layer's output projection (its own class: initialised at 0.02 / sqrt(2 n_layer))."""
+
+
+class KeyExtractor(nn.Module):
+    """k_T = a_phi Norm(leaky average of W_phi x): per-head leak rate and key scale.
+
+    Parameters: `proj` (W_phi), `leak` (H,) (rate = 10 |leak|), `scale` (H,) (a_phi = exp(10 scale * s)).
+    """
+
+    def __init__(self, config: MemoryMosaicConfig) -> None:
+        super().__init__()
+        self.heads = config.n_head
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.leak = nn.Parameter(torch.empty(config.n_head))
+        self.scale = nn.Parameter(torch.empty(config.n_head))
+
+    def forward(self, x: Tensor, scale_power: float = 1.0) -> Tensor:
+        """(B, L, D) -> keys (B, H, L, hd)."""
+        k = leaky_average(split_heads(self.proj(x), self.heads), self.leak.abs() * EXP_SCALING)
+        log_scale = (scale_power * EXP_SCALING * self.scale).clamp(max=KEY_SCALE_MAX)  # (H,)
+        return normalise(k) * log_scale.exp().to(k.dtype).view(1, -1, 1, 1)
+
+
+
+class ValueExtractor(nn.Module):
+    """v_T = a_psi Norm(c W_psi x_T + (1 - c) W_psi x_{T+1}).
+
+    Parameters: `proj` (W_psi), `mix` (H,) (c), `scale` (H,) (a_psi = exp(10 scale)).
+    """
+
+    def __init__(self, config: MemoryMosaicConfig) -> None:
+        super().__init__()
+        self.heads = config.n_head
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.mix = nn.Parameter(torch.empty(config.n_head))
+        self.scale = nn.Parameter(torch.empty(config.n_head))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, L, D) -> values (B, H, L, hd)."""
+        v = normalise(peek_ahead(split_heads(self.proj(x), self.heads), self.mix))
+        return v * (EXP_SCALING * self.scale).exp().to(v.dtype).view(1, -1, 1, 1)
+
+
+
+class ContextualMemory(nn.Module):
+    """N_c = n_head contextual memory units (the block's first layer; replaces self-attention)."""
+
+    def __init__(self, config: MemoryMosaicConfig) -> None:
+        super().__init__()
+        self.key = KeyExtractor(config)
+        self.value = ValueExtractor(config)
+        self.out_proj = OutProj(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout = config.attn_pdrop
+        self.resid_dropout = nn.Dropout(config.resid_pdrop)
+
+    def forward(self, x: Tensor, key_padding: Tensor | None = None) -> Tensor:
+        """(B, L, D) -> (B, L, D).
+
+        Args:
+            key_padding: (B, L) bool, True at real tokens; padded positions are never read.
+        """
+        k, v = self.key(x), self.value(x)  # (B, H, L, hd) each
+        B, H, L, hd = v.shape
+        if L < 2:
+            return self.resid_dropout(self.out_proj(torch.zeros_like(x)))
+        mask = contextual_mask(L, x.device)[None, None]  # (1, 1, L-1, L)
+        if key_padding is not None:
+            mask = mask & key_padding[:, None, None, :]  # (B, 1, L-1, L)
+        y = F.scaled_dot_product_attention(k[:, :, 1:], k, v, attn_mask=mask, scale=1.0,
+                                           dropout_p=self.attn_dropout if self.training else 0.0)  # (B, H, L-1, hd)
+        if key_padding is not None:  # a query with nothing to read (all its past padded) reads 0, not NaN
+            y = y.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+        y = torch.cat([y.new_zeros(B, H, 1, hd), y], dim=2)  # position 0 reads nothing
+        return self.resid_dropout(self.out_proj(merge_heads(y)))
+
+
+class PersistentMemory(nn.Module):
+    """N_p = n_head persistent memory units (the block's second layer; replaces the FFN).
+
+    Parameters: `key` (an extractor), `keys` / `values` (P, H, S, hd) the stored pairs,
+    `scale` (H,) (the output scale exp(10 scale)), `out_proj`.
+    """
+
+    def __init__(self, config: MemoryMosaicConfig) -> None:
+        super().__init__()
+        shape = (config.pmem_count, config.n_head, config.pmem_size, config.head_dim)
+        self.key = KeyExtractor(config)
+        self.keys = nn.Parameter(torch.empty(shape))
+        self.values = nn.Parameter(torch.empty(shape))
+        self.scale = nn.Parameter(torch.empty(config.n_head))
+        self.out_proj = OutProj(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout = config.attn_pdrop
+        self.resid_dropout = nn.Dropout(config.resid_pdrop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, L, D) -> (B, L, D)."""
+        k = self.key(x, scale_power=2.0)  # (B, H, L, hd): squared scale, the stored keys have none
+        p = self.keys.shape[0]
+        y = sum(F.scaled_dot_product_attention(k, self.keys[i][None], self.values[i][None], scale=1.0,
+                                               dropout_p=self.attn_dropout if self.training else 0.0)
+                for i in range(p)) / p  # (B, H, L, hd)
+        y = y * (EXP_SCALING * self.scale).exp().to(y.dtype).view(1, -1, 1, 1)
+        return self.resid_dropout(self.out_proj(merge_heads(y)))
+
+
+
+__all__ = ["OutProj", "ContextualMemory", "PersistentMemory", "KeyExtractor", "ValueExtractor", "leaky_average",
+           "peek_ahead", "normalise", "contextual_mask", "split_heads", "merge_heads"]
