@@ -46,6 +46,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "memoria_full_width": {"memory_type": "memoria", "memory_inner_dim_ratio": 1.0},
     # One layer norm and one query for both uses, one output projection (docs/model.md).
     "memoria_fast": {"memory_type": "memoria", "memory_attention_mode": "parallel"},
+    # The Memory Mosaic of Zhang et al. (2024) of the backbone's shape: its own model class
+    # (model/mosaic/, built by build.py), carrying nothing across segments.
+    "memory_mosaic": {"memory_type": "none"},
 }
 
 # The memory settings each kind reads (`MemoriaGPT2Config` fields); given to a model of another
