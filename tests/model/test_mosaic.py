@@ -182,3 +182,14 @@ def test_build_model_preset(tmp_path):
 def test_config_refuses_bad_settings(bad, match):
     with pytest.raises(StrictDataclassClassValidationError, match=match):  # HF's wrapper of our ValueError
         tiny(**bad)
+
+
+def test_eager_attention_equals_sdpa():
+    """`attn_implementation="eager"` (what FLOP counters see) computes what SDPA does."""
+    model = model_of()
+    ids = torch.randint(0, 37, (2, 12), generator=torch.Generator().manual_seed(8))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, 9:] = 0
+    sdpa = model(ids, attention_mask=mask).logits
+    model.config._attn_implementation = "eager"
+    torch.testing.assert_close(model(ids, attention_mask=mask).logits, sdpa, atol=1e-12, rtol=0)

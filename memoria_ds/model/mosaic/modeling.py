@@ -45,10 +45,10 @@ class MemoryMosaicBlock(GradientCheckpointingLayer):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=eps, bias=config.bias)
         self.persistent = PersistentMemory(config)
 
-    def forward(self, x: Tensor, key_padding: Tensor | None = None) -> Tensor:
-        """(B, L, D) -> (B, L, D)."""
-        x = x + self.context(self.ln_1(x), key_padding)
-        return x + self.persistent(self.ln_2(x))
+    def forward(self, x: Tensor, key_padding: Tensor | None = None, eager: bool = False) -> Tensor:
+        """(B, L, D) -> (B, L, D); `eager`: attention spelled out instead of SDPA."""
+        x = x + self.context(self.ln_1(x), key_padding, eager)
+        return x + self.persistent(self.ln_2(x), eager)
 
 
 class MemoryMosaicLMHeadModel(PreTrainedModel, GenerationMixin):
@@ -189,9 +189,10 @@ class MemoryMosaicLMHeadModel(PreTrainedModel, GenerationMixin):
         memory = self.memory_kind.prepare(memory, B, device, self.dtype, reset)
         key_padding = attention_mask[:, -L:].to(device=device, dtype=torch.bool) if attention_mask is not None else None
 
+        eager = cfg._attn_implementation == "eager"  # SDPA otherwise (the reference's)
         x = self.mosaic.drop(self.mosaic.wte(input_ids))  # (B, L, D)
         for block in self.mosaic.h:
-            x = block(x, key_padding)
+            x = block(x, key_padding, eager)
         x = self.mosaic.ln_f(x)  # (B, L, D)
         logits = self.lm_head(slice_logits_to_keep(x, logits_to_keep))  # (B, L, V)
         loss = None

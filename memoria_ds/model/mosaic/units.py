@@ -79,6 +79,21 @@ def peek_ahead(v: Tensor, mix: Tensor) -> Tensor:
     return (1 - c) * nxt + c * v
 
 
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, eager: bool) -> Tensor:
+    """softmax(q k^T) v (unit scale: the keys carry their own), masked where `mask` is False.
+
+    `eager` spells the softmax out (FLOP counters see it; SDPA's CPU kernel they do not).
+    Shapes: q (B, H, Lq, hd), k and v (B or 1, H, Lk, hd), mask broadcastable to (B, H, Lq, Lk).
+    """
+    if not eager:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
+    att = q @ k.transpose(-1, -2)  # (B, H, Lq, Lk)
+    if mask is not None:
+        att = att.masked_fill(~mask, float("-inf"))
+    att = F.dropout(torch.softmax(att, dim=-1), dropout_p) if dropout_p else torch.softmax(att, dim=-1)
+    return att @ v
+
+
 def contextual_mask(L: int, device: torch.device) -> Tensor:
     """(L - 1, L) bool: query T (1..L-1) reads key t iff t < T."""
     return torch.ones(L, L, dtype=torch.bool, device=device).tril(diagonal=-1)[1:]
@@ -140,11 +155,12 @@ class ContextualMemory(nn.Module):
         self.attn_dropout = config.attn_pdrop
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
-    def forward(self, x: Tensor, key_padding: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, key_padding: Tensor | None = None, eager: bool = False) -> Tensor:
         """(B, L, D) -> (B, L, D).
 
         Args:
             key_padding: (B, L) bool, True at real tokens; padded positions are never read.
+            eager: the attention spelled out (`attend`).
         """
         k, v = self.key(x), self.value(x)  # (B, H, L, hd) each
         B, H, L, hd = v.shape
@@ -153,8 +169,7 @@ class ContextualMemory(nn.Module):
         mask = contextual_mask(L, x.device)[None, None]  # (1, 1, L-1, L)
         if key_padding is not None:
             mask = mask & key_padding[:, None, None, :]  # (B, 1, L-1, L)
-        y = F.scaled_dot_product_attention(k[:, :, 1:], k, v, attn_mask=mask, scale=1.0,
-                                           dropout_p=self.attn_dropout if self.training else 0.0)  # (B, H, L-1, hd)
+        y = attend(k[:, :, 1:], k, v, mask, self.attn_dropout if self.training else 0.0, eager)  # (B, H, L-1, hd)
         if key_padding is not None:  # a query with nothing to read (all its past padded) reads 0, not NaN
             y = y.masked_fill(~mask.any(-1, keepdim=True), 0.0)
         y = torch.cat([y.new_zeros(B, H, 1, hd), y], dim=2)  # position 0 reads nothing
@@ -179,17 +194,17 @@ class PersistentMemory(nn.Module):
         self.attn_dropout = config.attn_pdrop
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """(B, L, D) -> (B, L, D)."""
+    def forward(self, x: Tensor, eager: bool = False) -> Tensor:
+        """(B, L, D) -> (B, L, D); `eager`: the attention spelled out (`attend`)."""
         k = self.key(x, scale_power=2.0)  # (B, H, L, hd): squared scale, the stored keys have none
         p = self.keys.shape[0]
-        y = sum(F.scaled_dot_product_attention(k, self.keys[i][None], self.values[i][None], scale=1.0,
-                                               dropout_p=self.attn_dropout if self.training else 0.0)
-                for i in range(p)) / p  # (B, H, L, hd)
+        dropout = self.attn_dropout if self.training else 0.0
+        y = sum(attend(k, self.keys[i][None], self.values[i][None], None, dropout, eager) for i in range(p)) / p
+        # y: (B, H, L, hd)
         y = y * (EXP_SCALING * self.scale).exp().to(y.dtype).view(1, -1, 1, 1)
         return self.resid_dropout(self.out_proj(merge_heads(y)))
 
 
 
 __all__ = ["OutProj", "ContextualMemory", "PersistentMemory", "KeyExtractor", "ValueExtractor", "leaky_average",
-           "peek_ahead", "normalise", "contextual_mask", "split_heads", "merge_heads"]
+           "peek_ahead", "normalise", "attend", "contextual_mask", "split_heads", "merge_heads"]
