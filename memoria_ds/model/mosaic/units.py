@@ -58,7 +58,9 @@ def leaky_average(k: Tensor, rate: Tensor) -> Tensor:
     """
     L = k.shape[-2]
     pos = torch.arange(L, device=k.device)
-    lag = (pos[None, :] - pos[:, None]).to(k.dtype)  # (L, L): t - T, <= 0 on and below the diagonal
+    # (L, L): t - T on and below the diagonal, 0 above it (as the reference's buffer): exp(rate * (t - T))
+    # above the diagonal would overflow to inf, and its masked-out gradient 0 * inf would be NaN
+    lag = (pos[None, :] - pos[:, None]).clamp(max=0).to(k.dtype)
     coef = torch.exp(lag * rate.to(k.dtype).view(-1, 1, 1)).tril()  # (H, L, L)
     return coef @ k  # (B, H, L, hd)
 
