@@ -24,7 +24,7 @@ from transformers import GPT2Config
 
 from ..memory import COMPILE_MODES, MemoriaConfig
 
-MEMORY_TYPES = ("none", "xl", "memoria")
+MEMORY_TYPES = ("none", "xl", "memoria", "mosaic")  # mosaic: Memory Mosaics only (model/mosaic/)
 ATTENTION_MODES = ("sequential", "parallel")
 INIT_MODES = ("noop", "random")
 ABSTRACTOR_STYLES = ("transformer", "authors")
@@ -49,6 +49,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The Memory Mosaic of Zhang et al. (2024) of the backbone's shape: its own model class
     # (model/mosaic/, built by build.py), carrying nothing across segments.
     "memory_mosaic": {"memory_type": "none"},
+    # ... with its contextual memory carried across segments (recurrent/mosaic.py)
+    "memory_mosaic_carry": {"memory_type": "mosaic"},
 }
 
 # The memory settings each kind reads (`MemoriaGPT2Config` fields); given to a model of another
@@ -56,6 +58,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 SETTINGS_OF_KIND: dict[str, frozenset[str]] = {
     "none": frozenset(),
     "xl": frozenset({"xl_memory_length", "xl_positions"}),
+    "mosaic": frozenset({"mosaic_memory_length"}),
     "memoria": frozenset({"memoria", "memory_layers", "memory_heads", "memory_inner_dim", "memory_inner_dim_ratio",
                           "memory_attention_mode", "memory_init", "abstractor_style", "memory_compile"}),
 }

@@ -59,7 +59,7 @@ def test_contextual_memory_is_kernel_smoothing_over_the_strict_past():
         for p in mem.parameters():
             p.copy_(torch.randn_like(p) * 0.3)
     x = torch.randn(2, 9, cfg.n_embd, dtype=torch.float64)
-    k, v = mem.key(x), mem.value(x)  # (B, H, L, hd)
+    k, v = mem.key(x)[0], mem.value(x)  # (B, H, L, hd)
     y = torch.zeros_like(v)
     for T in range(1, 9):
         w = torch.softmax(k[:, :, T : T + 1] @ k[:, :, :T].transpose(-1, -2), dim=-1)  # (B, H, 1, T)
@@ -73,7 +73,7 @@ def test_keys_and_values_are_normalised_and_scaled():
     model = model_of()
     mem = model.mosaic.h[0].context
     x = torch.randn(1, 5, cfg.n_embd, dtype=torch.float64)
-    k, v = mem.key(x), mem.value(x)
+    k, v = mem.key(x)[0], mem.value(x)
     # init: key scale exp(10 * 0.1) = e, value scale exp(10 * -0.05) = exp(-0.5); the last value
     # (its x_{T+1} is not there yet) has only c x_T in it, still of norm exp(-0.5)
     torch.testing.assert_close(k.norm(dim=-1), torch.full((1, 4, 5), math.e, dtype=torch.float64))
@@ -177,7 +177,7 @@ def test_build_model_preset(tmp_path):
 
 
 @pytest.mark.parametrize("bad, match", [(dict(pmem_count=0), "pmem_count"), (dict(pmem_size=0), "pmem_size"),
-                                        (dict(memory_type="xl"), "carries nothing"),
+                                        (dict(memory_type="xl"), "is .none."), (dict(mosaic_memory_length=0), "mosaic_memory_length"),
                                         (dict(n_head=5), "divide")])
 def test_config_refuses_bad_settings(bad, match):
     with pytest.raises(StrictDataclassClassValidationError, match=match):  # HF's wrapper of our ValueError

@@ -23,6 +23,9 @@ Added fields (names and defaults of the reference `nanoMosaics/mosaic_model.py`)
                  4 d^2 + 2 d n_inner, biases and norms aside)
     pmem_count   persistent memories per unit, averaged (1)
     bias         biases in the linear layers and layer norms (True, as GPT-2 and the reference)
+    mosaic_memory_length   with `memory_type="mosaic"` (preset `memory_mosaic_carry`): the
+                 contextual memory's pairs carried to the next segment (None: one segment's);
+                 `memory_type="none"` (preset `memory_mosaic`, the paper's) carries nothing
 """
 
 from __future__ import annotations
@@ -35,9 +38,9 @@ from huggingface_hub.dataclasses import strict
 from ..config import MemoriaGPT2Config
 
 # The presets `build_model` builds as a Memory Mosaic (each also in `config.PRESETS`).
-MOSAIC_PRESETS = frozenset({"memory_mosaic"})
+MOSAIC_PRESETS = frozenset({"memory_mosaic", "memory_mosaic_carry"})
 # Settings only a Memory Mosaic reads.
-MOSAIC_FIELDS = frozenset({"pmem_size", "pmem_count", "bias"})
+MOSAIC_FIELDS = frozenset({"pmem_size", "pmem_count", "bias", "mosaic_memory_length"})
 
 # The reference's parametrisation of its per-head scalars: a stored p means exp(EXP_SCALING * p)
 # (or EXP_SCALING * |p| for the leak rate), so AdamW moves them EXP_SCALING times faster.
@@ -61,6 +64,7 @@ class MemoryMosaicConfig(MemoriaGPT2Config):
         pmem_size: slots of each persistent memory unit; None = `n_inner - n_embd // 2`.
         pmem_count: persistent memories per unit (their outputs are averaged).
         bias: biases in linear layers and layer norms.
+        mosaic_memory_length: pairs carried across segments by the `mosaic` memory kind (None: one segment's).
     """
 
     model_type = "memory_mosaic"
@@ -69,6 +73,7 @@ class MemoryMosaicConfig(MemoriaGPT2Config):
     pmem_size: int | None = None
     pmem_count: int = 1
     bias: bool = True
+    mosaic_memory_length: int | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         if self.pmem_size is None:
@@ -85,9 +90,12 @@ class MemoryMosaicConfig(MemoriaGPT2Config):
             raise ValueError(f"`pmem_size` ({self.pmem_size}) must be at least 1 (None: n_inner - n_embd / 2)")
         if self.pmem_count < 1:
             raise ValueError(f"`pmem_count` ({self.pmem_count}) must be at least 1")
-        if self.memory_type != "none":
-            raise ValueError(f"a Memory Mosaic carries nothing across segments (`memory_type` 'none'), "
-                             f"got {self.memory_type!r}")
+        if self.memory_type not in ("none", "mosaic"):
+            raise ValueError(f"a Memory Mosaic's `memory_type` is 'none' (each segment alone, the paper's) or "
+                             f"'mosaic' (its contextual memory carried), got {self.memory_type!r}")
+        if self.mosaic_memory_length is not None and self.mosaic_memory_length < 1:
+            raise ValueError(f"`mosaic_memory_length` ({self.mosaic_memory_length}) must be >= 1, "
+                             f"or None for one segment")
 
     @property
     def head_dim(self) -> int:

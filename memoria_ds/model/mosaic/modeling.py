@@ -29,7 +29,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import slice_logits_to_keep
 
 from ..modeling import MemoriaCausalLMOutput
-from ..recurrent import MemoryKind, NoMemory, memory_kind
+from ..recurrent import MemoryKind, memory_kind
 from .config import EXP_SCALING, KEY_SCALE_INIT, LEAK_INIT, VALUE_SCALE_INIT, MemoryMosaicConfig
 from .units import ContextualMemory, KeyExtractor, OutProj, PersistentMemory, ValueExtractor
 
@@ -45,10 +45,21 @@ class MemoryMosaicBlock(GradientCheckpointingLayer):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=eps, bias=config.bias)
         self.persistent = PersistentMemory(config)
 
-    def forward(self, x: Tensor, key_padding: Tensor | None = None, eager: bool = False) -> Tensor:
-        """(B, L, D) -> (B, L, D); `eager`: attention spelled out instead of SDPA."""
-        x = x + self.context(self.ln_1(x), key_padding, eager)
-        return x + self.persistent(self.ln_2(x), eager)
+    def forward(self, x: Tensor, key_padding: Tensor | None = None, eager: bool = False,
+                carry: tuple[Any, Tensor] | None = None) -> Tensor | tuple[Tensor, tuple[Any, Tensor]]:
+        """(B, L, D) -> (B, L, D); `eager`: attention spelled out instead of SDPA.
+
+        With `carry` (a carried memory's `layer(i)`: the contextual memory's `ContextCarry` and the
+        persistent key's kbar), also reads it and returns (output, the new carry and kbar).
+        """
+        if carry is None:
+            x = x + self.context(self.ln_1(x), key_padding, eager)
+            return x + self.persistent(self.ln_2(x), eager)[0]
+        context, kbar = carry
+        h, context = self.context.forward_carried(self.ln_1(x), context, key_padding, eager)
+        x = x + h
+        h, kbar = self.persistent(self.ln_2(x), eager, start=kbar)
+        return x + h, (context, kbar)
 
 
 class MemoryMosaicLMHeadModel(PreTrainedModel, GenerationMixin):
@@ -127,13 +138,14 @@ class MemoryMosaicLMHeadModel(PreTrainedModel, GenerationMixin):
     # ------------------------------------------------------------------ memory (Contract 2)
     @property
     def memory_kind(self) -> MemoryKind:
-        """The kind of memory carried between segments: `none`."""
+        """The kind of memory carried between segments: `none` (the paper's) or `mosaic`."""
         kind = self.__dict__.get("_memory_kind")
         if kind is None or kind.config is not self.config:
             kind = self.__dict__["_memory_kind"] = memory_kind(self.config)
         return kind
 
-    def empty_memory(self, batch_size: int, device: torch.device | str | None = None) -> NoMemory:
+    def empty_memory(self, batch_size: int, device: torch.device | str | None = None) -> Any:
+        device = device if device is not None else self.mosaic.wte.weight.device
         return self.memory_kind.empty(batch_size, device, self.dtype)
 
     # ------------------------------------------------------------------ forward
@@ -142,7 +154,7 @@ class MemoryMosaicLMHeadModel(PreTrainedModel, GenerationMixin):
         input_ids: Tensor,
         labels: Tensor | None = None,
         shift_labels: Tensor | None = None,
-        memory: NoMemory | None = None,
+        memory: Any = None,
         reset: Tensor | None = None,
         attention_mask: Tensor | None = None,
         use_cache: bool | None = None,
@@ -159,8 +171,10 @@ class MemoryMosaicLMHeadModel(PreTrainedModel, GenerationMixin):
             input_ids: (B, L) int64, L <= n_positions.
             labels: (B, L) HF convention: shifted inside the model, -100 ignored.
             shift_labels: (B, L) already aligned targets, -100 ignored (not with `labels`).
-            memory / reset: Contract 2's; a Memory Mosaic carries nothing across segments,
-                so the memory only keeps the batch size (checked).
+            memory / reset: Contract 2's. The paper's Memory Mosaic (`memory_type="none"`)
+                carries nothing across segments: the memory only keeps the batch size
+                (checked); with `memory_type="mosaic"` it carries the contextual memories
+                (`recurrent/mosaic.py`), updated in place.
             attention_mask: (B, L), 1 at real tokens: padded positions are never read.
             logits_to_keep: as HF (generation).
             **kwargs: `num_items_in_batch` (loss normalisation, as HF's Trainer passes it).
@@ -190,10 +204,20 @@ class MemoryMosaicLMHeadModel(PreTrainedModel, GenerationMixin):
         key_padding = attention_mask[:, -L:].to(device=device, dtype=torch.bool) if attention_mask is not None else None
 
         eager = cfg._attn_implementation == "eager"  # SDPA otherwise (the reference's)
+        kind = self.memory_kind
+        read = kind.read(memory, self.dtype, None)[0] if kind.carries_state else None
         x = self.mosaic.drop(self.mosaic.wte(input_ids))  # (B, L, D)
-        for block in self.mosaic.h:
-            x = block(x, key_padding, eager)
+        writes = []
+        for i, block in enumerate(self.mosaic.h):
+            if read is None:
+                x = block(x, key_padding, eager)
+            else:
+                x, carried = block(x, key_padding, eager, read.layer(i))
+                writes.append(carried)
         x = self.mosaic.ln_f(x)  # (B, L, D)
+        if read is not None:
+            valid = key_padding if key_padding is not None else torch.ones(B, L, dtype=torch.bool, device=device)
+            kind.write(memory, read, None, writes, x, valid)
         logits = self.lm_head(slice_logits_to_keep(x, logits_to_keep))  # (B, L, V)
         loss = None
         if labels is not None or shift_labels is not None:

@@ -3,6 +3,7 @@
     none     `NoMemory`       the plain backbone
     xl       `XLMemory`       Transformer-XL cached keys/values
     memoria  `MemoriaMemory`  the paper's engram memory
+    mosaic   `MosaicMemory`   a Memory Mosaic's contextual memory carried across segments
 
 `memory_kind(config)` gives the kind a model runs; `memory_from_state_dict` rebuilds a
 saved memory of any kind.
@@ -17,11 +18,12 @@ import torch
 from ...memory import MemoriaConfig
 from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead
 from .memoria import MemoriaKind, MemoriaMemory, MemoriaRead
+from .mosaic import MosaicKind, MosaicMemory, MosaicRead
 from .none import NoMemory, NoneKind
 from .xl import XLKind, XLMemory, XLRead
 
-KINDS: dict[str, type[MemoryKind]] = {kind.name: kind for kind in (NoneKind, XLKind, MemoriaKind)}
-RecurrentMemory = Union[NoMemory, XLMemory, MemoriaMemory]
+KINDS: dict[str, type[MemoryKind]] = {kind.name: kind for kind in (NoneKind, XLKind, MemoriaKind, MosaicKind)}
+RecurrentMemory = Union[NoMemory, XLMemory, MemoriaMemory, MosaicMemory]
 
 
 def memory_kind(config: Any) -> MemoryKind:
@@ -69,5 +71,6 @@ def _non_finite(tree: Any, name: str = "") -> str | None:
 __all__ = [
     "FORMAT", "KINDS", "BlockWrites", "MemoryKind", "MemoryRead", "RecurrentMemory",
     "NoMemory", "NoneKind", "XLMemory", "XLRead", "XLKind", "MemoriaMemory", "MemoriaRead", "MemoriaKind",
+    "MosaicMemory", "MosaicRead", "MosaicKind",
     "memory_kind", "memory_from_state_dict",
 ]
