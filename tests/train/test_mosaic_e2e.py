@@ -97,3 +97,47 @@ def test_mosaic_settings_are_checked_before_any_work(tmp_path):
     proc = run_training(tmp_path / "b", *TINY_MOSAIC, "model.from_scratch=false", tiny=False)  # finetune.py
     out = proc.stderr + proc.stdout
     assert proc.returncode == 2 and "model.from_scratch=true" in out, out[-2000:]
+
+
+CARRY = [s.replace("model.preset=memory_mosaic", "model.preset=memory_mosaic_carry") for s in TINY_MOSAIC]
+NO_DROPOUT = "model.settings={n_layer: 2, n_embd: 32, n_head: 2, n_positions: 64, pmem_count: 2, " \
+             "embd_pdrop: 0.0, attn_pdrop: 0.0, resid_pdrop: 0.0}"
+
+
+def test_carried_mosaic_memory_resumes_exactly_and_shows_a_memory_gain(tmp_path):
+    from memoria_ds.safe_io import load_tree
+
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    check(run_training(whole, *CARRY, tiny=False, script=PRETRAIN))
+    proc = run_training(killed, *CARRY, tiny=False, script=PRETRAIN, fault="kill_after_step:4")
+    assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
+    check(run_training(killed, *CARRY, "checkpoint.resume=auto", tiny=False, script=PRETRAIN))
+    a, b = losses_by_step(whole), losses_by_step(killed)
+    for step in (4, 5, 6):
+        assert a[step] == b[step], f"step {step}: uninterrupted {a[step]!r} vs resumed {b[step]!r}"
+    shard_a = load_tree(whole / "checkpoints" / "step_00000006" / "rank_00000.safetensors")["memory"]
+    shard_b = load_tree(killed / "checkpoints" / "step_00000006" / "rank_00000.safetensors")["memory"]
+    assert shard_a[0]["kind"] == "mosaic" and shard_a[0]["mask"].any()
+    for key, value in shard_a[0].items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, shard_b[0][key]), key
+    # the memory is read: carried (`full`) and reset before every segment (`memoryless`) differ
+    gain = json.loads((whole / "summary.json").read_text())["memory_gain"]
+    assert gain is not None and gain["nats_per_token"] != 0.0
+
+
+def test_carried_mosaic_memory_moves_with_its_streams_from_two_ranks_to_one(tmp_path):
+    """2 ranks for 2 steps, then 1 rank: step 3 matches an uninterrupted 2-rank run (the memory
+    rows travelled with their streams)."""
+    common = [*CARRY, NO_DROPOUT, "optim.max_steps=3", "eval.at_end=false"]
+    whole, moved = tmp_path / "whole", tmp_path / "moved"
+    check(run_training(whole, *common, "checkpoint.every=1", tiny=False, script=PRETRAIN, ranks=2))
+    killed = run_training(moved, *common, "checkpoint.every=2", tiny=False, script=PRETRAIN, ranks=2,
+                          fault="kill_after_step:2")
+    assert killed.returncode == EXIT_CODE, killed.stderr[-3000:]
+    check(run_training(moved, *common, "checkpoint.every=1", "optim.grad_accum=2", "checkpoint.resume=auto",
+                       tiny=False, script=PRETRAIN, ranks=1))
+    a = {r["step"]: r["loss"] for r in metrics(whole)}
+    b = {r["step"]: r["loss"] for r in metrics(moved)}
+    assert a[1] == b[1] and a[2] == b[2]
+    assert abs(a[3] - b[3]) < 1e-4 * abs(a[3]), f"step 3 after 2 -> 1: {b[3]} vs uninterrupted {a[3]}"
