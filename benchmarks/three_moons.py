@@ -18,7 +18,8 @@ The data and training follow the reference code (`ThreeMoons/` of facebookresear
 written for Apple's MLX): the 9 period triples of {0.5, 1, ..., 3.5} with the smallest lcm, the
 largest of them held out for validation; sequences of 800 observations that hold 3 periods of
 the slowest system; 500 AdamW steps of 64 sequences, learning rate linear from 1e-2 to 5e-6,
-the squared error clipped at 0.5 (here 16 sequences a step by default, to fit a CPU). Errors are measured as the paper says (the next 25 true
+the squared error clipped at 0.5 (here 16 sequences a step by default, to fit a CPU).
+Errors are measured as the paper says (the next 25 true
 positions against 25 auto-regressive predictions, each prediction's pair stored before the
 next is made), averaged over `--eval-batch` sequences of the held-out (or a training) system.
 

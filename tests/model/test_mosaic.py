@@ -177,7 +177,8 @@ def test_build_model_preset(tmp_path):
 
 
 @pytest.mark.parametrize("bad, match", [(dict(pmem_count=0), "pmem_count"), (dict(pmem_size=0), "pmem_size"),
-                                        (dict(memory_type="xl"), "is .none."), (dict(mosaic_memory_length=0), "mosaic_memory_length"),
+                                        (dict(memory_type="xl"), "is .none."),
+                                        (dict(mosaic_memory_length=0), "mosaic_memory_length"),
                                         (dict(n_head=5), "divide")])
 def test_config_refuses_bad_settings(bad, match):
     with pytest.raises(StrictDataclassClassValidationError, match=match):  # HF's wrapper of our ValueError

@@ -181,7 +181,6 @@ class ValueExtractor(nn.Module):
         return self.finish(c * last_raw + (1 - c) * first_raw)
 
 
-
 class ContextualMemory(nn.Module):
     """N_c = n_head contextual memory units (the block's first layer; replaces self-attention)."""
 
@@ -220,13 +219,16 @@ class ContextualMemory(nn.Module):
         """(B, L, D) -> (B, L, D) reading also the pairs carried from earlier segments, and what to carry on.
 
         `carry` is a `recurrent.mosaic.ContextCarry` (the carried memory's view of this block);
-        the new one is of its type. Position T reads the carried pairs (`carry.keys/values` where `carry.mask`), the pair of
-        the previous segment's last position (its value completed by this segment's first
-        token, where `carry.has_last`), and this segment's pairs t < T.
+        the new one is of its type. Position T reads the carried pairs (`carry.keys/values`
+        where `carry.mask`), the pair of the previous segment's last position (its value
+        completed by this segment's first token, where `carry.has_last`), and this segment's
+        pairs t < T. Padded positions (`key_padding`) are neither read nor stored; the
+        leaky averages run through them (streams pad only at their very end).
 
         Returns:
-            (output, the new carry before rolling: this call's slots = carried + pending + in-segment pairs,
-            the last position's key, raw value and kbar). The memory kind keeps the last M slots.
+            (output, the new carry before rolling: its slots are the carried, the pending and
+            this segment's complete pairs; the last position's key, raw value and kbar). The
+            memory kind keeps the last M slots.
         """
         k, kbar = self.key(x, start=carry.kbar)  # a fresh or reset row's kbar is 0: no contribution
         raw = self.value.raw(x)  # (B, H, L, hd)
@@ -246,9 +248,10 @@ class ContextualMemory(nn.Module):
         # this segment's complete pairs: t < L - 1 whose token t and next token t + 1 are real
         pair_mask = valid[:, :-1] & valid[:, 1:]
         new = dataclasses.replace(
-            carry, keys=torch.cat([slot_k, k[:, :, :-1]], 2).detach(), values=torch.cat([slot_v, v[:, :, :-1]], 2).detach(),
-            mask=torch.cat([slot_mask, pair_mask], 1), last_key=k[:, :, -1].detach(),
-            last_raw=raw[:, :, -1].detach(), kbar=kbar.detach(), has_last=valid[:, -1])
+            carry, keys=torch.cat([slot_k, k[:, :, :-1]], 2).detach(),
+            values=torch.cat([slot_v, v[:, :, :-1]], 2).detach(), mask=torch.cat([slot_mask, pair_mask], 1),
+            last_key=k[:, :, -1].detach(), last_raw=raw[:, :, -1].detach(), kbar=kbar.detach(),
+            has_last=valid[:, -1])
         return self.resid_dropout(self.out_proj(merge_heads(y))), new
 
 
@@ -277,7 +280,7 @@ class PersistentMemory(nn.Module):
             eager: the attention spelled out (`attend`).
             start: (B, H, hd) the key's leaky average before this segment (a carried memory), or None.
         """
-        k, kbar = self.key(x, scale_power=2.0, start=start)  # (B, H, L, hd): squared scale, the stored keys have none
+        k, kbar = self.key(x, scale_power=2.0, start=start)  # (B, H, L, hd): squared scale (stored keys have none)
         p = self.keys.shape[0]
         dropout = self.attn_dropout if self.training else 0.0
         y = sum(attend(k, self.keys[i][None], self.values[i][None], None, dropout, eager) for i in range(p)) / p
@@ -286,6 +289,5 @@ class PersistentMemory(nn.Module):
         return self.resid_dropout(self.out_proj(merge_heads(y))), kbar
 
 
-
-__all__ = ["OutProj", "readable", "ContextualMemory", "PersistentMemory", "KeyExtractor", "ValueExtractor", "leaky_average",
-           "peek_ahead", "normalise", "attend", "contextual_mask", "split_heads", "merge_heads"]
+__all__ = ["OutProj", "readable", "ContextualMemory", "PersistentMemory", "KeyExtractor", "ValueExtractor",
+           "leaky_average", "peek_ahead", "normalise", "attend", "contextual_mask", "split_heads", "merge_heads"]

@@ -32,7 +32,9 @@ from .base import FORMAT, MemoryKind, MemoryRead, check_format
 
 @dataclass
 class ContextCarry:
-    """One block's contextual memory carried between segments (rows first): `MosaicMemory.layer(i)`; `mosaic/units.py` reads it.
+    """One block's contextual memory carried between segments (rows first).
+
+    `MosaicMemory.layer(i)` makes it; `mosaic/units.py` reads it and returns the next one.
 
     Attributes:
         keys / values: (B, H, M, hd) stored pairs; mask: (B, M) bool, which slots hold one.
