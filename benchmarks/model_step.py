@@ -18,8 +18,9 @@ reference of every ratio), `xl`, `memoria` (the default: the authors' sequential
 memory attention at 1/8 of the width, every block), `memoria_fast` (the `memoria_fast`
 preset: one query and one output projection for both uses), `memoria_full_width` (the
 authors' width), `memoria_width=R` (the default block at width R * n_embd),
-`memoria_layers=K` (the default block in every K-th block only) and `memory_mosaic` (the
-Memory Mosaic of the same shape, docs/memory_mosaics.md). A Memoria variant with
+`memoria_layers=K` (the default block in every K-th block only), `memory_mosaic` (the
+Memory Mosaic of the same shape, docs/memory_mosaics.md) and `memory_mosaic_carry` (its
+contextual memory carried across segments). A Memoria variant with
 `+compile` runs its memory engine compiled (`memory_compile="default"`), with
 `+cudagraphs` as CUDA graphs (`"reduce-overhead"`). Any variant with `+model_compile`
 runs the *whole* model compiled (`model.compile()`, as `model.compile=default` does in
@@ -103,7 +104,8 @@ def variant_settings(name: str, n_layer: int) -> tuple[str, dict]:
         return "memoria", {"memory_layers": list(range(every - 1, n_layer, every))}
     if name.startswith("memoria_width="):
         return "memoria", {"memory_inner_dim_ratio": float(name.split("=", 1)[1])}
-    presets = ("transformer", "xl", "memoria", "memoria_fast", "memoria_full_width", "memory_mosaic")
+    presets = ("transformer", "xl", "memoria", "memoria_fast", "memoria_full_width", "memory_mosaic",
+               "memory_mosaic_carry")
     if name not in presets:
         raise SystemExit(f"unknown variant {name!r}; known: {sorted(presets)}, memoria_layers=K or memoria_width=R")
     return name, {}
