@@ -18,9 +18,11 @@ reference of every ratio), `xl`, `compressive`, `infinity` (docs/baselines.md), 
 (the default: the authors' sequential block,
 memory attention at 1/8 of the width, every block), `memoria_fast` (the `memoria_fast`
 preset: one query and one output projection for both uses), `memoria_full_width` (the
-authors' width), `memoria_width=R` (the default block at width R * n_embd) and
+authors' width), `memoria_width=R` (the default block at width R * n_embd),
 `memoria_layers=K` (the default block in every K-th block only); `memorizing` (the Memorizing
-Transformer's kNN memory, 8192 pairs, prefilled to its cap) and `memorizing_size=M` (M pairs). A Memoria variant with
+Transformer's kNN memory, 8192 pairs, prefilled to its cap) and `memorizing_size=M` (M pairs);
+`memory_mosaic` (the Memory Mosaic of the same shape, docs/memory_mosaics.md) and
+`memory_mosaic_carry` (its contextual memory carried across segments). A Memoria variant with
 `+compile` runs its memory engine compiled (`memory_compile="default"`), with
 `+cudagraphs` as CUDA graphs (`"reduce-overhead"`). Any variant with `+model_compile`
 runs the *whole* model compiled (`model.compile()`, as `model.compile=default` does in
@@ -107,7 +109,7 @@ def variant_settings(name: str, n_layer: int) -> tuple[str, dict]:
     if name.startswith("memorizing_size="):  # the Memorizing Transformer with a memory of M pairs
         return "memorizing", {"memorizing_size": int(name.split("=", 1)[1])}
     presets = ("transformer", "xl", "memoria", "memoria_fast", "memoria_full_width", "compressive", "infinity",
-               "memorizing")
+               "memorizing", "memory_mosaic", "memory_mosaic_carry")
     if name not in presets:
         raise SystemExit(f"unknown variant {name!r}; known: {sorted(presets)}, memoria_layers=K, memoria_width=R "
                          f"or memorizing_size=M")

@@ -288,7 +288,8 @@ def watch_residual(model):
     mean norm of the final residual stream (ln_f's input). A memory path that swamps the
     backbone shows as this growing by orders of magnitude."""
     seen: list[float] = []
-    handle = model.transformer.ln_f.register_forward_pre_hook(
+    trunk = model.transformer if hasattr(model, "transformer") else model.mosaic  # a Memory Mosaic's
+    handle = trunk.ln_f.register_forward_pre_hook(
         lambda _m, args: seen.append(float(args[0].detach().norm(dim=-1).mean())))
     return seen, handle
 

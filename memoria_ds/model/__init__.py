@@ -12,6 +12,7 @@ from .build import build_model
 from .config import MEMORY_TYPES, PRESETS, MemoriaGPT2Config
 from .lora import apply_lora
 from .modeling import MemoriaCausalLMOutput, MemoriaGPT2LMHeadModel
+from .mosaic import MemoryMosaicConfig, MemoryMosaicLMHeadModel
 from .snapshot import Snapshot, SnapshotMismatch, load_snapshot, model_fingerprint, read, save_snapshot
 from .recurrent import (
     KINDS,
@@ -30,6 +31,8 @@ __all__ = [
     "MemoriaGPT2Config",
     "MemoriaGPT2LMHeadModel",
     "MemoriaCausalLMOutput",
+    "MemoryMosaicConfig",
+    "MemoryMosaicLMHeadModel",
     "MemoryRead",
     "MemoriaRead",
     "XLRead",

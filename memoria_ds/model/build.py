@@ -10,6 +10,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config
 
 from .config import MemoriaGPT2Config, resolve_preset
 from .modeling import MemoriaGPT2LMHeadModel
+from .mosaic import MOSAIC_PRESETS, MemoryMosaicConfig, MemoryMosaicLMHeadModel
 
 
 def build_model(
@@ -19,7 +20,7 @@ def build_model(
     dtype: torch.dtype | None = None,
     attn_implementation: str = "sdpa",
     **settings: Any,
-) -> MemoriaGPT2LMHeadModel:
+) -> MemoriaGPT2LMHeadModel | MemoryMosaicLMHeadModel:
     """A Memoria GPT-2 (or baseline) around any GPT-2 backbone.
 
     Args:
@@ -29,7 +30,9 @@ def build_model(
             directory saved from this class loads as it was (settings override its config).
             A `GPT2Config`: a from-scratch model with random weights.
         preset: a name from `config.PRESETS` (`"transformer"`, `"xl"`, `"memoria_wm"`,
-            `"memoria_wm_stm"`, `"memoria"`, `"memoria_full_width"`, `"memoria_fast"`).
+            `"memoria_wm_stm"`, `"memoria"`, `"memoria_full_width"`, `"memoria_fast"`), or
+            `"memory_mosaic"`: a Memory Mosaic of the backbone's shape (`mosaic/`; from a
+            `GPT2Config`, or a directory saved from one).
         dtype: parameter dtype (e.g. `torch.bfloat16`); the memory state stays fp32.
         attn_implementation: `"sdpa"` (default) or `"eager"`.
         **settings: `MemoriaGPT2Config` fields (e.g. `memoria={"num_wm": 16}`,
@@ -38,12 +41,20 @@ def build_model(
     Returns:
         The model, in HF's mode: eval when loaded from a checkpoint, train when built from a config.
     """
+    config_class = MemoryMosaicConfig if preset in MOSAIC_PRESETS else MemoriaGPT2Config
     if isinstance(backbone, GPT2Config):
-        config = MemoriaGPT2Config.from_backbone(backbone, preset, attn_implementation=attn_implementation, **settings)
+        config = config_class.from_backbone(backbone, preset, attn_implementation=attn_implementation, **settings)
         # from_config, not the constructor: under ZeRO-3 (an `HfDeepSpeedConfig` alive) HF then
         # partitions the weights while building and initialises them gathered
         return AutoModelForCausalLM.from_config(config, dtype=dtype)
     saved = AutoConfig.from_pretrained(backbone)
+    if isinstance(saved, MemoryMosaicConfig) != (preset in MOSAIC_PRESETS):
+        if preset in MOSAIC_PRESETS:
+            raise ValueError(f"preset {preset!r} builds a Memory Mosaic, which has no GPT-2 weights to start from: "
+                             f"train it from scratch (model.from_scratch=true) or give a saved Memory Mosaic")
+        raise ValueError(f"{backbone} holds a Memory Mosaic: load it with preset {sorted(MOSAIC_PRESETS)[0]!r}")
+    if isinstance(saved, MemoryMosaicConfig):
+        return MemoryMosaicLMHeadModel.from_pretrained(backbone, dtype=dtype, **settings)
     if isinstance(saved, MemoriaGPT2Config):
         return MemoriaGPT2LMHeadModel.from_pretrained(
             backbone, dtype=dtype, attn_implementation=attn_implementation, **resolve_preset(preset, **settings)

@@ -30,7 +30,7 @@ from transformers import GPT2Config
 
 from ..memory import COMPILE_MODES, MemoriaConfig
 
-MEMORY_TYPES = ("none", "xl", "memoria", "compressive", "infinity", "memorizing")
+MEMORY_TYPES = ("none", "xl", "memoria", "compressive", "infinity", "memorizing", "mosaic")  # mosaic: Memory Mosaics only (model/mosaic/)
 # kinds that cache keys/values at the positions they were computed at (`xl_positions` applies)
 CACHED_KV_TYPES = ("xl", "compressive")
 ATTENTION_MODES = ("sequential", "parallel")
@@ -64,6 +64,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Memorizing Transformer (Wu et al. 2022): a kNN memory read by one block near the top
     # (docs/field_memories.md gives the source of each default)
     "memorizing": {"memory_type": "memorizing"},
+    # The Memory Mosaic of Zhang et al. (2024) of the backbone's shape: its own model class
+    # (model/mosaic/, built by build.py), carrying nothing across segments.
+    "memory_mosaic": {"memory_type": "none"},
+    # ... with its contextual memory carried across segments (recurrent/mosaic.py)
+    "memory_mosaic_carry": {"memory_type": "mosaic"},
 }
 
 # The memory settings only some kinds read (`MemoriaGPT2Config` fields); given to a model of
@@ -73,6 +78,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 SETTINGS_OF_KIND: dict[str, frozenset[str]] = {
     "none": frozenset(),
     "xl": frozenset({"xl_memory_length", "xl_positions"}),
+    "mosaic": frozenset({"mosaic_memory_length"}),
     "memoria": frozenset({"memoria", "memory_layers", "memory_heads", "memory_inner_dim", "memory_inner_dim_ratio",
                           "memory_attention_mode", "abstractor_style", "memory_compile", "memory_read",
                           "engram_loss"}),

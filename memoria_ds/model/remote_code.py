@@ -23,17 +23,31 @@ AUTO_MAP = {
     "AutoModelForCausalLM": "modeling_memoria_gpt2.MemoriaGPT2LMHeadModel",
 }
 
+# the same for a Memory Mosaic (model/mosaic/)
+MOSAIC_FILES = {
+    "configuration_memory_mosaic.py": "from memoria_ds.model.mosaic.config import MemoryMosaicConfig  # noqa: F401\n",
+    "modeling_memory_mosaic.py": "from memoria_ds.model.mosaic.modeling import MemoryMosaicLMHeadModel  # noqa: F401\n",
+}
+MOSAIC_AUTO_MAP = {
+    "AutoConfig": "configuration_memory_mosaic.MemoryMosaicConfig",
+    "AutoModelForCausalLM": "modeling_memory_mosaic.MemoryMosaicLMHeadModel",
+}
+
 
 def add_remote_code(model, out_dir: str | Path) -> bool:
-    """Set `auto_map` on a Memoria GPT-2's config (call before `save_pretrained`) and write the
-    two modules into `out_dir`. Returns False (and does nothing) for another model type."""
+    """Set `auto_map` on a Memoria GPT-2's (or Memory Mosaic's) config (call before
+    `save_pretrained`) and write the two modules into `out_dir`. Returns False (and does
+    nothing) for another model type."""
     from .config import MemoriaGPT2Config
+    from .mosaic.config import MemoryMosaicConfig
 
     if not isinstance(model.config, MemoriaGPT2Config):
         return False
-    model.config.auto_map = dict(AUTO_MAP)
+    mosaic = isinstance(model.config, MemoryMosaicConfig)
+    files, auto_map = (MOSAIC_FILES, MOSAIC_AUTO_MAP) if mosaic else (FILES, AUTO_MAP)
+    model.config.auto_map = dict(auto_map)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in FILES.items():
+    for name, text in files.items():
         (out_dir / name).write_text(text)
     return True

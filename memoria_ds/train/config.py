@@ -24,7 +24,8 @@ from ..data.reset import ResetPolicy
 from ..data.sorting import NUM_SYMBOLS
 from ..eval.protocols import PROTOCOL_NAMES
 from ..memory import COMPILE_MODES, MemoriaConfig
-from ..model.config import MemoriaGPT2Config, position_banks, resolve_preset
+from ..model.config import position_banks, resolve_preset
+from ..model.mosaic.config import MOSAIC_FIELDS, MOSAIC_PRESETS, MemoryMosaicConfig
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
@@ -50,8 +51,9 @@ class Section(BaseModel):
 
 @functools.cache
 def _model_fields() -> frozenset[str]:
-    """Every key `model.settings` may hold: the fields of MemoriaGPT2Config (GPT-2's included)."""
-    return frozenset(MemoriaGPT2Config().to_dict()) - {"_name_or_path", "architectures", "transformers_version",
+    """Every key `model.settings` may hold: the fields of MemoriaGPT2Config (GPT-2's included),
+    and the Memory Mosaic's (`MemoryMosaicConfig`, a subclass: its own fields added)."""
+    return frozenset(MemoryMosaicConfig().to_dict()) - {"_name_or_path", "architectures", "transformers_version",
                                                         "model_type"}
 
 
@@ -106,6 +108,11 @@ class ModelSection(Section):
             said = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
             raise ValueError(f"unknown `model.settings` key(s) {said}; they are MemoriaGPT2Config fields "
                              f"(memoria_ds/model/config.py) or GPT2Config fields")
+        mosaic_only = sorted(MOSAIC_FIELDS & set(self.settings))
+        if mosaic_only and self.preset not in MOSAIC_PRESETS:
+            raise ValueError(f"`model.settings` {', '.join(mosaic_only)} configure a Memory Mosaic; "
+                             f"model.preset={self.preset} does not read them: remove them, or set "
+                             f"model.preset={sorted(MOSAIC_PRESETS)[0]}")
         if "n_embd" in self.settings and "n_head" in self.settings and self.settings["n_embd"] % self.settings["n_head"]:
             raise ValueError(f"`model.settings.n_head` ({self.settings['n_head']}) must divide `n_embd` "
                              f"({self.settings['n_embd']})")

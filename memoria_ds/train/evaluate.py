@@ -85,11 +85,13 @@ def load_model(source: str, device, precision: str):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from ..eval import MemorylessLM
-    from ..model import MemoriaGPT2LMHeadModel
+    from ..model import MemoriaGPT2LMHeadModel, MemoryMosaicConfig, MemoryMosaicLMHeadModel
 
     dtype = torch.bfloat16 if device.type == "cuda" and precision == "bf16" else torch.float32
     if getattr(AutoConfig.from_pretrained(source), "model_type", None) == MemoriaGPT2LMHeadModel.config_class.model_type:
         return MemoriaGPT2LMHeadModel.from_pretrained(source, dtype=dtype).to(device).eval()
+    if isinstance(AutoConfig.from_pretrained(source), MemoryMosaicConfig):  # Contract 2 as it is
+        return MemoryMosaicLMHeadModel.from_pretrained(source, dtype=dtype).to(device).eval()
     return MemorylessLM(AutoModelForCausalLM.from_pretrained(source, dtype=dtype)).to(device).eval()
 
 

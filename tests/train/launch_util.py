@@ -12,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FINETUNE = str(ROOT / "launch" / "finetune.py")
+PRETRAIN = str(ROOT / "launch" / "pretrain.py")
 
 # A 2-layer, 32-wide Memoria GPT-2 with a small memory, on the bundled book, 16-token segments.
 TINY = [
@@ -33,12 +34,13 @@ def free_port() -> int:
 
 def run_training(run_dir: Path, *overrides: str, ranks: int = 1, launcher: str = "deepspeed",
                  fault: str | None = None, timeout: int = 600, tiny: bool = True,
-                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+                 env: dict[str, str] | None = None, script: str = FINETUNE) -> subprocess.CompletedProcess:
     """Run one training job; returns the completed process (stdout/stderr captured).
 
     Args:
         tiny: start from the TINY settings (else only `overrides`, e.g. `--config FILE`).
         env: extra environment variables.
+        script: the entry point (`FINETUNE` or `PRETRAIN`).
     """
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **(env or {}))
@@ -51,13 +53,13 @@ def run_training(run_dir: Path, *overrides: str, ranks: int = 1, launcher: str =
     port = str(free_port())
     if launcher == "deepspeed":
         cmd = [shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed"),
-               "--num_gpus", str(ranks), "--master_port", port, FINETUNE, *args]
+               "--num_gpus", str(ranks), "--master_port", port, script, *args]
     elif launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-               "--master_port", port, FINETUNE, *args]
+               "--master_port", port, script, *args]
     else:
         assert ranks == 1
-        cmd = [sys.executable, FINETUNE, *args]
+        cmd = [sys.executable, script, *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 

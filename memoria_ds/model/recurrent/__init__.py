@@ -6,6 +6,7 @@
     compressive  `CompressiveMemory`  the Compressive Transformer (xl + compressed memory)
     infinity     `InfinityMemory`     the infinity-former (continuous long-term memory)
     memorizing   `MemorizingMemory`  the Memorizing Transformer's kNN memory of one layer
+    mosaic       `MosaicMemory`       a Memory Mosaic's contextual memory carried across segments
 
 `memory_kind(config)` gives the kind a model runs; `memory_from_state_dict` rebuilds a
 saved memory of any kind.
@@ -23,12 +24,14 @@ from .compressive import CompressiveKind, CompressiveMemory, CompressiveRead, Co
 from .infinity import InfinityKind, InfinityMemory, InfinityRead, InfinitySettings
 from .memoria import MemoriaKind, MemoriaMemory, MemoriaRead
 from .memorizing import MemorizingKind, MemorizingMemory, MemorizingRead
+from .mosaic import MosaicKind, MosaicMemory, MosaicRead
 from .none import NoMemory, NoneKind
 from .xl import XLKind, XLMemory, XLRead
 
 KINDS: dict[str, type[MemoryKind]] = {kind.name: kind for kind in (NoneKind, XLKind, MemoriaKind, CompressiveKind,
-                                                                  InfinityKind, MemorizingKind)}
-RecurrentMemory = Union[NoMemory, XLMemory, MemoriaMemory, CompressiveMemory, InfinityMemory, MemorizingMemory]
+                                                                  InfinityKind, MemorizingKind, MosaicKind)}
+RecurrentMemory = Union[NoMemory, XLMemory, MemoriaMemory, CompressiveMemory, InfinityMemory, MemorizingMemory,
+                        MosaicMemory]
 
 
 def memory_kind(config: Any) -> MemoryKind:
@@ -78,5 +81,6 @@ __all__ = [
     "NoMemory", "NoneKind", "XLMemory", "XLRead", "XLKind", "MemoriaMemory", "MemoriaRead", "MemoriaKind",
     "CompressiveMemory", "CompressiveRead", "CompressiveKind", "CompressiveSettings",
     "InfinityMemory", "InfinityRead", "InfinityKind", "InfinitySettings",
-    "MemorizingMemory", "MemorizingRead", "MemorizingKind", "memory_kind", "memory_from_state_dict",
+    "MemorizingMemory", "MemorizingRead", "MemorizingKind", "MosaicMemory", "MosaicRead", "MosaicKind",
+    "memory_kind", "memory_from_state_dict",
 ]
