@@ -38,7 +38,7 @@ def snapshot() -> MemorySnapshot:
     cfg = MemoriaConfig(num_wm=2, num_stm_reminded=1, num_ltm_reminded=1, stm_capacity=2, capacity=8)
     s = MemoryState.empty(cfg, batch_size=1, dim=4)
     s.kind[0, :6] = torch.tensor([LTM, LTM, STM, LTM, STM, EMPTY], dtype=torch.int8)
-    s.uid[0, :6] = torch.tensor([0, 1, 2, 3, 6, 5])
+    s.uid[0, :6] = torch.tensor([0, 1, 2, 3, 6, -1])  # a dead slot's uid is -1, as the engine leaves it
     s.lifespan[0, :5] = torch.tensor([3.0, 1.0, 7.5, 2.0, 8.0])
     c = torch.zeros(8, 8, dtype=s.counts.dtype)
     for i, n in enumerate([2, 1, 3, 1, 1]):
