@@ -521,7 +521,11 @@ def convert_file(old: Path) -> Path:
         finally:
             tmp.unlink(missing_ok=True)
     folder = old.parent if old.name != "engine.pt" else old.parent.parent
-    _update_manifest(folder, str(old.relative_to(folder)), str(new.relative_to(folder)))
+    try:
+        _update_manifest(folder, str(old.relative_to(folder)), str(new.relative_to(folder)))
+    except (OSError, ValueError, AttributeError) as e:  # an unreadable manifest: keep both files
+        raise ConvertRefused(f"{folder / 'manifest.json'} could not be updated ({type(e).__name__}: {e}); {new} "
+                             f"is written and verified, {old} is kept") from None
     old.unlink()
     return new
 
