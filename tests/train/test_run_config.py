@@ -9,7 +9,7 @@ from memoria_ds.train.parse import ConfigError, load
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["model.preset=memorio"], r"unknown preset 'memorio'; known: \['memoria', 'memoria_fast'"),
+        (["model.preset=memorio"], r"unknown preset 'memorio'; known: \[.*'memoria', 'memoria_fast'"),
         (["model.settings.memoria={num_wm: 0}"], r"`num_wm` \(0\) must be at least 1"),
         (["model.settings.memoria={stm_capacity: 10}"], r"stm_capacity.*at least.*num_stm_reminded"),
         (["model.settings.memoria={num_wn: 4}"], r"unknown Memoria setting\(s\) \['num_wn'\]"),
