@@ -25,3 +25,22 @@ def run_stream(model, segs, memory=None, **kwargs):
         memory = out.memory
         outs.append(out)
     return outs, memory
+
+
+def assert_row_operations_keep_outputs(model, segs, memory, logits, atol: float) -> None:
+    """The row contract of a carried memory: `take_rows`, `put_rows` and `cat` give every row the
+    logits the whole memory gives it. `memory` is the state after some segments of 4 rows;
+    `logits(model, segs, memory)` reads `segs` from it (a kind with random draws seeds them)."""
+    full = logits(model, segs, memory.clone())
+    rows = [2, 0]
+    part = logits(model, [s[rows] for s in segs], memory.take_rows(rows))
+    for a, b in zip(full, part):
+        torch.testing.assert_close(a[rows], b, rtol=0, atol=atol)
+    rebuilt = model.empty_memory(4)
+    rebuilt.put_rows([3, 1], memory.take_rows([3, 1]))
+    rebuilt.put_rows(torch.tensor([0, 2]), memory.take_rows([0, 2]))
+    for a, b in zip(full, logits(model, segs, rebuilt)):
+        torch.testing.assert_close(a, b, rtol=0, atol=atol)
+    joined = type(memory).cat([memory.take_rows([0, 1]), memory.take_rows([2, 3])])
+    for a, b in zip(full, logits(model, segs, joined)):
+        torch.testing.assert_close(a, b, rtol=0, atol=atol)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from compressive_reference import ReferenceCompressive
-from model_helpers import VOCAB, run_stream, segments
+from model_helpers import VOCAB, assert_row_operations_keep_outputs, run_stream, segments
 
 from memoria_ds.model import MemoriaGPT2Config, MemoriaGPT2LMHeadModel, build_model, memory_from_state_dict
 from memoria_ds.model.recurrent import CompressiveMemory, CompressiveSettings
@@ -209,19 +209,7 @@ def test_take_and_put_rows_keep_outputs(make_model):
     segs = segments(batch=4, count=5)
     with torch.no_grad():
         _, memory = run_stream(model, segs[:3])
-    full = _logits(model, segs[3:], memory.clone())
-    rows = [2, 0]
-    part = _logits(model, [s[rows] for s in segs[3:]], memory.take_rows(rows))
-    for a, b in zip(full, part):
-        torch.testing.assert_close(a[rows], b, rtol=0, atol=1e-6)
-    rebuilt = model.empty_memory(4)
-    rebuilt.put_rows([3, 1], memory.take_rows([3, 1]))
-    rebuilt.put_rows(torch.tensor([0, 2]), memory.take_rows([0, 2]))
-    for a, b in zip(full, _logits(model, segs[3:], rebuilt)):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
-    joined = CompressiveMemory.cat([memory.take_rows([0, 1]), memory.take_rows([2, 3])])
-    for a, b in zip(full, _logits(model, segs[3:], joined)):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    assert_row_operations_keep_outputs(model, segs[3:], memory, _logits, atol=1e-6)
 
 
 @pytest.mark.parametrize("poison", [False, True])

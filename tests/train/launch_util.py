@@ -77,3 +77,21 @@ def metrics(run_dir: Path, kind: str = "train") -> list[dict]:
 def losses_by_step(run_dir: Path) -> dict[int, float]:
     """The last logged training loss of each step (a resumed run logs steps again)."""
     return {r["step"]: r["loss"] for r in metrics(run_dir)}
+
+
+def kill_and_resume(tmp_path: Path, *overrides: str, ranks: int = 2) -> tuple[Path, Path]:
+    """A 4-step run killed after step 3 and resumed from its step-2 checkpoint, beside an
+    uninterrupted one: asserts steps 3 and 4 have the same losses in both (bit for bit).
+    Returns the uninterrupted and the resumed run's directories."""
+    from memoria_ds.train.faults import EXIT_CODE
+
+    common = (*overrides, "optim.max_steps=4", "checkpoint.every=2", "eval.at_end=false")
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    check(run_training(whole, *common, ranks=ranks))
+    proc = run_training(killed, *common, ranks=ranks, fault="kill_after_step:3")
+    assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
+    check(run_training(killed, *common, "checkpoint.resume=auto", ranks=ranks))
+    a = {r["step"]: r["loss"] for r in metrics(whole)}
+    b = {r["step"]: r["loss"] for r in metrics(killed)}  # steps 3 (again, after the resume from 2) and 4
+    assert a[3] == b[3] and a[4] == b[4], (a, b)
+    return whole, killed

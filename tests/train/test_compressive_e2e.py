@@ -9,7 +9,7 @@ import torch
 from memoria_ds.safe_io import load_tree
 from memoria_ds.train.faults import EXIT_CODE
 
-from .launch_util import check, metrics, run_training
+from .launch_util import check, kill_and_resume, metrics, run_training
 
 SETTINGS = ("model.preset=compressive",
             "model.settings={n_layer: 2, n_embd: 32, n_head: 2, n_positions: 64, resid_pdrop: 0.0, "
@@ -17,16 +17,7 @@ SETTINGS = ("model.preset=compressive",
 
 
 def test_two_ranks_resume_bit_identically(tmp_path):
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    check(run_training(whole, *SETTINGS, "optim.max_steps=4", "checkpoint.every=2", "eval.at_end=false", ranks=2))
-    proc = run_training(killed, *SETTINGS, "optim.max_steps=4", "checkpoint.every=2", "eval.at_end=false", ranks=2,
-                        fault="kill_after_step:3")
-    assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
-    check(run_training(killed, *SETTINGS, "optim.max_steps=4", "checkpoint.every=2", "eval.at_end=false",
-                       "checkpoint.resume=auto", ranks=2))
-    a = {r["step"]: r["loss"] for r in metrics(whole)}
-    b = {r["step"]: r["loss"] for r in metrics(killed)}  # steps 3 (again, after the resume from 2) and 4
-    assert a[4] == b[4] and a[3] == b[3], (a, b)
+    whole, _ = kill_and_resume(tmp_path, *SETTINGS)
     # the checkpoint holds each rank's streams: memory and compressed memory, with tokens in both
     for rank in (0, 1):
         shard = load_tree(whole / "checkpoints" / "step_00000004" / f"rank_{rank:05d}.safetensors")
