@@ -95,6 +95,19 @@ class BatchRows:
     def clone(self: T) -> T:
         return self._map(lambda v: v.clone())
 
+    def detach_(self: T) -> T:
+        """Cut the autograd graph of every row tensor that has one, in place; returns self.
+
+        The training loop calls it at the end of each span of `optim.bptt_segments` segments.
+        A state that holds no graph (every kind that detaches what it carries) is left as is.
+        """
+        for name, value, _ in self._row_fields():
+            if isinstance(value, BatchRows):
+                value.detach_()
+            elif isinstance(value, Tensor) and value.requires_grad:
+                setattr(self, name, value.detach())
+        return self
+
     @classmethod
     def cat(cls: type[T], states: Sequence[T]) -> T:
         if not states:

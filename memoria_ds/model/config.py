@@ -12,6 +12,7 @@ Memory types (SPEC section 2; paper Tables 1, 2, 4, 7):
     compressive  the Compressive Transformer (Rae et al. 2020): xl plus a compressed memory
     infinity     the infinity-former (Martins et al. 2022): a continuous long-term memory attention
     memorizing   the Memorizing Transformer (Wu et al. 2022): one block also attends to a kNN memory of its past keys/values
+    memformer    Memformer (Wu et al. 2020): k memory slots read by every block, written by slot attention
 
 A kind's own settings are one dict, `memory_settings`, parsed by the kind's settings class
 (`KIND_SETTINGS`, registered by the kind; docs/baselines.md).
@@ -30,7 +31,7 @@ from transformers import GPT2Config
 
 from ..memory import COMPILE_MODES, MemoriaConfig
 
-MEMORY_TYPES = ("none", "xl", "memoria", "compressive", "infinity", "memorizing", "mosaic")  # mosaic: Memory Mosaics only (model/mosaic/)
+MEMORY_TYPES = ("none", "xl", "memoria", "compressive", "infinity", "memorizing", "mosaic", "memformer")  # mosaic: Memory Mosaics only (model/mosaic/)
 # kinds that cache keys/values at the positions they were computed at (`xl_positions` applies)
 CACHED_KV_TYPES = ("xl", "compressive")
 ATTENTION_MODES = ("sequential", "parallel")
@@ -64,6 +65,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Memorizing Transformer (Wu et al. 2022): a kNN memory read by one block near the top
     # (docs/field_memories.md gives the source of each default)
     "memorizing": {"memory_type": "memorizing"},
+    # Memformer (Wu et al. 2020): k memory slots per stream, read by every block and written by
+    # slot attention with biased memory normalisation (docs/field_memories.md: the defaults' sources)
+    "memformer": {"memory_type": "memformer"},
     # The Memory Mosaic of Zhang et al. (2024) of the backbone's shape: its own model class
     # (model/mosaic/, built by build.py), carrying nothing across segments.
     "memory_mosaic": {"memory_type": "none"},
@@ -85,6 +89,7 @@ SETTINGS_OF_KIND: dict[str, frozenset[str]] = {
     "compressive": frozenset({"xl_positions"}),
     "infinity": frozenset(),
     "memorizing": frozenset({"memorizing_layer", "memorizing_size", "memorizing_topk"}),
+    "memformer": frozenset(),
 }
 
 

@@ -7,6 +7,7 @@
     infinity     `InfinityMemory`     the infinity-former (continuous long-term memory)
     memorizing   `MemorizingMemory`  the Memorizing Transformer's kNN memory of one layer
     mosaic       `MosaicMemory`       a Memory Mosaic's contextual memory carried across segments
+    memformer    `MemformerMemory`    Memformer's memory slots, read by every block, written by slot attention
 
 `memory_kind(config)` gives the kind a model runs; `memory_from_state_dict` rebuilds a
 saved memory of any kind.
@@ -22,6 +23,7 @@ from ...memory import MemoriaConfig
 from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead
 from .compressive import CompressiveKind, CompressiveMemory, CompressiveRead, CompressiveSettings
 from .infinity import InfinityKind, InfinityMemory, InfinityRead, InfinitySettings
+from .memformer import MemformerKind, MemformerMemory, MemformerRead, MemformerSettings
 from .memoria import MemoriaKind, MemoriaMemory, MemoriaRead
 from .memorizing import MemorizingKind, MemorizingMemory, MemorizingRead
 from .mosaic import MosaicKind, MosaicMemory, MosaicRead
@@ -29,9 +31,10 @@ from .none import NoMemory, NoneKind
 from .xl import XLKind, XLMemory, XLRead
 
 KINDS: dict[str, type[MemoryKind]] = {kind.name: kind for kind in (NoneKind, XLKind, MemoriaKind, CompressiveKind,
-                                                                  InfinityKind, MemorizingKind, MosaicKind)}
+                                                                  InfinityKind, MemorizingKind, MosaicKind,
+                                                                  MemformerKind)}
 RecurrentMemory = Union[NoMemory, XLMemory, MemoriaMemory, CompressiveMemory, InfinityMemory, MemorizingMemory,
-                        MosaicMemory]
+                        MosaicMemory, MemformerMemory]
 
 
 def memory_kind(config: Any) -> MemoryKind:
@@ -82,5 +85,6 @@ __all__ = [
     "CompressiveMemory", "CompressiveRead", "CompressiveKind", "CompressiveSettings",
     "InfinityMemory", "InfinityRead", "InfinityKind", "InfinitySettings",
     "MemorizingMemory", "MemorizingRead", "MemorizingKind", "MosaicMemory", "MosaicRead", "MosaicKind",
+    "MemformerMemory", "MemformerRead", "MemformerKind", "MemformerSettings",
     "memory_kind", "memory_from_state_dict",
 ]

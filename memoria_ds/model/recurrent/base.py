@@ -20,7 +20,10 @@ nothing else. Decoding inside `generate()` attends to a *frozen* read
 (`kind.frozen_read`, from a copy of the memory) and never prepares or writes. `pending` is
 whatever the kind must carry from its read to its write (Memoria's retrieval), opaque to
 the model. The memory objects are updated in place by `write` (the engine state is large)
-and their row operations come from `BatchRows`.
+and their row operations come from `BatchRows`, as does `detach_()`: the training loop cuts
+the carried state's graph with it at the end of each span of `optim.bptt_segments`
+segments. A kind that detaches what it carries gets no gradient across segments; one that
+keeps the graph (`memformer`) must change its state out of place (`reset` included).
 
 One file per kind: `none.py`, `xl.py`, `memoria.py`, `compressive.py`, ...; `KINDS` in `__init__.py`.
 

@@ -28,6 +28,9 @@ class NoMemory:
     def reset(self, mask: Tensor | None = None) -> None:
         return None
 
+    def detach_(self) -> NoMemory:
+        return self
+
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "none", "format": FORMAT, "batch_size": self.batch_size}
 
