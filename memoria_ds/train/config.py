@@ -272,6 +272,18 @@ class OptimSection(Section):
         nan_policy: on a non-finite loss, `skip` (the micro-batch is left out of the step on
             every rank, the affected memory rows are reset, and training goes on) or `stop`
             (stop with an error; the last good checkpoint is kept).
+        bptt_segments: K, consecutive segments of every stream that one optimiser step spans
+            (back-propagation through time). Per micro-batch the K segments run in order
+            carrying the memory with its graph, the mean of their losses is back-propagated
+            once, and the memory is detached at the end of the span; so a kind that keeps the
+            graph of its state (`memformer`) trains its write from later segments' losses.
+            1 (default): one segment per step, as before. `max_steps` counts optimiser steps;
+            `epochs` gives `epochs * segments per epoch // K` of them. Not for the sorting
+            task (its input segments have no targets).
+        bptt_recompute: memory replay back-propagation (Memformer's MRBP): every segment of a
+            span runs under activation checkpointing (non-reentrant), so only the memory
+            states between segments are kept and each segment is recomputed in backward;
+            the same gradients for less memory and about one more forward per segment.
     """
 
     lr: Number = 5e-5
@@ -288,9 +300,14 @@ class OptimSection(Section):
     max_steps: int | None = None
     precision: Precision = "auto"
     nan_policy: Literal["skip", "stop"] = "skip"
+    bptt_segments: int = 1
+    bptt_recompute: bool = False
 
     @model_validator(mode="after")
     def check(self):
+        if self.bptt_segments < 1:
+            raise ValueError(f"`optim.bptt_segments` ({self.bptt_segments}) must be at least 1 (1 = one segment "
+                             f"per optimiser step)")
         for name in ("lr", "weight_decay", "eps", "grad_clip", "warmup_ratio", "memory_lr_scale"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"`optim.{name}` ({getattr(self, name)}) must be a finite number")
@@ -516,6 +533,9 @@ class RunConfig(Section):
         if (self.eval.at_end or self.eval.every) and self.eval.split not in splits:
             raise ValueError(f"`eval.split` {self.eval.split!r} is not a split of `data.corpus: {self.data.corpus}` "
                              f"(it has {splits}); choose one, or set `eval.at_end=false` to train without evaluating")
+        if self.data.corpus == "sorting" and self.optim.bptt_segments > 1:
+            raise ValueError(f"`optim.bptt_segments` ({self.optim.bptt_segments}) spans segments with a loss each; "
+                             f"the sorting task's input segments have no targets: use bptt_segments=1 for it")
         if self.data.corpus == "sorting" and self.eval.knn_lm.enabled:
             raise ValueError("`eval.knn_lm` interpolates a language model's next-token distribution; the sorting "
                              "task is scored by accuracy: set `eval.knn_lm.enabled=false`")

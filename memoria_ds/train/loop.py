@@ -12,6 +12,7 @@ document starts, always at an epoch's first segment).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -21,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 
 from ..eval import EvalResult
 from ..eval.configured import describe, evaluate_split
 from ..eval.gain import memory_gain
+from ..data.reset import ResetPolicy
 from ..data.segments import forward_segment
 from ..memory import graph_stats
 from . import distributed as dist_utils
@@ -123,38 +126,50 @@ def _steps(ctx: RunContext, state: RunState, writer: MetricsWriter, window: _Win
     batches = iter(state.streams)
     step_stats: list = []  # the memory statistics of the step's micro-batches
     last_loss: float | None = None
+    span_length, recompute = cfg.optim.bptt_segments, cfg.optim.bptt_recompute
     for step in range(state.step, ctx.total_steps):
-        batch = next(batches, None)
-        if batch is None:  # epoch finished: the streams move to the next one
-            batches = iter(state.streams)
-            batch = next(batches)
-        batch = batch.to(ctx.device)
-        reset = policy.reset_mask(batch, step)
+        span = []  # the step's `bptt_segments` consecutive segments of every stream, and their resets
+        for k in range(span_length):
+            batch = next(batches, None)
+            if batch is None:  # epoch finished: the streams move to the next one
+                batches = iter(state.streams)
+                batch = next(batches)
+            batch = batch.to(ctx.device)
+            span.append((batch, policy.reset_mask(batch, step) if k == 0 else _within_span(policy).reset_mask(batch)))
         step_stats = []
         # A segment without targets (the sorting task's input) runs forward only, to write
         # the memory: no loss, no gradient, no optimizer step (it would be all zeros).
-        update = state.streams.has_targets(batch.step)
+        update = state.streams.has_targets(span[0][0].step)  # (bptt_segments > 1 is refused for those)
         for j in range(ctx.accum):
             rows = slice(j * ctx.micro, (j + 1) * ctx.micro)
-            micro = batch.rows(rows)
-            targets = micro.targets
-            with torch.set_grad_enabled(update):
-                out = forward_segment(state.engine, micro, state.memories[j], reset[rows] | state.discard[j],
-                                      labels=targets if update else None)
-            if out.memory_stats is not None:
-                step_stats.append(out.memory_stats)
-            if not update:
-                state.memories[j], state.discard[j] = out.memory, torch.zeros_like(state.discard[j])
-                window.tokens += micro.attention_mask.sum()
-                continue
-            loss = out.loss
-            if j == 0 and info.rank == 0 and faults.active("nan_loss", step + 1):
-                loss = loss * float("nan")
-            scored = (targets != -100).sum()
-            loss, bad = guard_loss(loss, scored)
-            state.engine.backward(loss)
-            state.memories[j], state.discard[j] = out.memory, bad
-            window.add(loss.detach(), bad, scored, micro.attention_mask.sum(), step * ctx.accum + j)
+            losses = []
+            for k, (batch, reset) in enumerate(span):
+                micro = batch.rows(rows)
+                targets = micro.targets
+                fresh = reset[rows] | state.discard[j] if k == 0 else reset[rows]
+                with torch.set_grad_enabled(update):
+                    out = _forward(state.engine, micro, state.memories[j], fresh, targets if update else None,
+                                   recompute)
+                if out.memory_stats is not None:
+                    step_stats.append(out.memory_stats)
+                state.memories[j] = out.memory
+                if not update:
+                    state.discard[j] = torch.zeros_like(state.discard[j])
+                    window.tokens += micro.attention_mask.sum()
+                    continue
+                loss = out.loss
+                if j == 0 and k == 0 and info.rank == 0 and faults.active("nan_loss", step + 1):
+                    loss = loss * float("nan")
+                scored = (targets != -100).sum()
+                loss, bad = guard_loss(loss, scored)
+                losses.append((loss, bad))
+                window.add(loss.detach(), bad, scored, micro.attention_mask.sum(), step * ctx.accum + j)
+            if update:  # one backward per micro-batch: the mean loss of its span
+                loss, bad = losses[0] if span_length == 1 else (torch.stack([l for l, _ in losses]).mean(),
+                                                                torch.stack([b for _, b in losses]).any())
+                state.engine.backward(loss)
+                state.discard[j] = bad
+            state.memories[j].detach_()  # the span's end: no gradient reaches further back
         if update:
             window.last_step_applied = state.engine.step()
             window.skipped_steps += not window.last_step_applied
@@ -177,6 +192,27 @@ def _steps(ctx: RunContext, state: RunState, writer: MetricsWriter, window: _Win
         if done != ctx.total_steps and stop.agreed():
             _stop_on_request(ctx, state, writer, done, window, step_stats, stop, saved=saved, logged=logged)
     return last_loss
+
+
+def _forward(engine: Any, micro: Any, memory: Any, reset: torch.Tensor, labels: torch.Tensor | None,
+             recompute: bool) -> Any:
+    """One segment of a micro-batch; under `recompute` (memory replay back-propagation) inside
+    non-reentrant activation checkpointing: only its inputs (the memory carried in) and outputs are
+    kept, and the segment is recomputed in backward. The memory passed in is cloned inside, so
+    the recompute reads it as it was (a forward updates its memory in place)."""
+    if not (recompute and torch.is_grad_enabled()):
+        return forward_segment(engine, micro, memory, reset, labels=labels)
+
+    def segment(carried: Any) -> Any:
+        return forward_segment(engine, micro, carried.clone() if carried is not None else None, reset, labels=labels)
+
+    return torch.utils.checkpoint.checkpoint(segment, memory, use_reentrant=False)
+
+
+def _within_span(policy: ResetPolicy) -> ResetPolicy:
+    """The resets of a span's later segments: document and epoch starts, never the periodic one
+    (which counts optimiser steps, and happens at a span's first segment)."""
+    return dataclasses.replace(policy, every_n_steps=None)
 
 
 def _stop_on_request(ctx: RunContext, state: RunState, writer: MetricsWriter, done: int, window: _Window,
@@ -233,7 +269,8 @@ def _log_window(ctx: RunContext, state: RunState, writer: MetricsWriter, step: i
     loss = loss_sum / scored if scored else None
     values = {"loss": loss, "ppl": math.exp(min(loss, 50.0)) if scored else None,
               "tok/s": tokens / elapsed, "lr": state.engine.lr(), "skipped_micro_batches": skipped,
-              "skipped_steps": skipped_steps, "epoch": (step - 1) // state.streams.steps_per_epoch}
+              "skipped_steps": skipped_steps,
+              "epoch": (step - 1) * ctx.cfg.optim.bptt_segments // state.streams.steps_per_epoch}
     norm = state.engine.grad_norm() if w.last_step_applied else None  # a skipped step has none
     if norm is not None:
         values["grad_norm"] = norm

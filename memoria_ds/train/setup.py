@@ -156,7 +156,11 @@ def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
     if len(splits) > 1 and cfg.data.corpus != "sorting":
         _check_eval_split(cfg, info, corpora[cfg.eval.split])
     vocab_size = VOCAB_SIZE if cfg.data.corpus == "sorting" else corpora["train"].metadata.get("vocab_size")
-    total_steps = cfg.optim.max_steps or cfg.optim.epochs * streams.steps_per_epoch
+    total_steps = cfg.optim.max_steps or cfg.optim.epochs * streams.steps_per_epoch // cfg.optim.bptt_segments
+    if total_steps < 1:
+        raise ConfigError(f"optim.epochs={cfg.optim.epochs} of {streams.steps_per_epoch} segments per stream make no "
+                          f"step of optim.bptt_segments={cfg.optim.bptt_segments}: lower bptt_segments or set "
+                          f"optim.max_steps")
     # optimizer updates (the learning-rate schedule's length): steps whose segment holds targets
     update_steps = streams.count_target_steps(total_steps)
     if resumed is not None and resumed.step > total_steps:
