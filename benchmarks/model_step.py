@@ -109,7 +109,7 @@ def variant_settings(name: str, n_layer: int) -> tuple[str, dict]:
     if name.startswith("memorizing_size="):  # the Memorizing Transformer with a memory of M pairs
         return "memorizing", {"memorizing_size": int(name.split("=", 1)[1])}
     presets = ("transformer", "xl", "memoria", "memoria_fast", "memoria_full_width", "compressive", "infinity",
-               "memorizing", "memory_mosaic", "memory_mosaic_carry")
+               "memorizing", "memory_mosaic", "memory_mosaic_carry", "memformer")
     if name not in presets:
         raise SystemExit(f"unknown variant {name!r}; known: {sorted(presets)}, memoria_layers=K, memoria_width=R "
                          f"or memorizing_size=M")
@@ -177,7 +177,7 @@ class Runner:
         t0, c0 = time.perf_counter(), time.process_time()
         out = self.model(x, labels=x, memory=self.memory)
         out.loss.backward()
-        self.memory = out.memory
+        self.memory = out.memory.detach_()  # one segment per step, as training's optim.bptt_segments=1
         sync()
         if timed:
             self.times.append(time.perf_counter() - t0)

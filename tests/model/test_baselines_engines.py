@@ -1,4 +1,4 @@
-"""The Compressive Transformer and the infinity-former under real DeepSpeed ZeRO-3 (CPU, one rank,
+"""The Compressive Transformer, the infinity-former and Memformer under real DeepSpeed ZeRO-3 (CPU, one rank,
 gloo, activation checkpointing), in bf16, and with LoRA on the backbone: their own weights
 (`memory_net`) are gathered, trained and kept trainable."""
 
@@ -38,11 +38,12 @@ SCRIPT = textwrap.dedent(
     init_distributed()
     keep = HfDeepSpeedConfig(ds)
     model = build_model(backbone, preset, segment_length=12)
-    partitioned = model.memory_net.key[0].weight.numel() == 0 if preset == "infinity" else \\
-        model.memory_net.keys[0].linear.weight.numel() == 0
+    net = model.memory_net
+    weight = {"infinity": lambda: net.key[0].weight, "memformer": lambda: net.read_out[0].weight}.get(
+        preset, lambda: net.keys[0].linear.weight)()
+    partitioned = weight.numel() == 0
     model.activation_checkpointing_enable()
     engine, *_ = deepspeed.initialize(model=model, config=ds, model_parameters=model.parameters())
-    weight = model.memory_net.key[0].weight if preset == "infinity" else model.memory_net.keys[0].linear.weight
     with deepspeed.zero.GatheredParameters([weight]):
         before = weight.detach().clone()
     segs = torch.randint(0, 257, (3, 48), generator=torch.Generator().manual_seed(0)).split(12, dim=1)
@@ -53,7 +54,7 @@ SCRIPT = textwrap.dedent(
             out = engine(x, labels=x, memory=memory)
             engine.backward(out.loss)
             engine.step()
-            memory = out.memory
+            memory = out.memory.detach_()  # one segment per step (memformer's slots keep their graph)
         losses.append(out.loss.item())
     with deepspeed.zero.GatheredParameters([weight]):
         moved = (weight.detach() - before).abs().max().item()
@@ -62,7 +63,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("preset", ["compressive", "infinity"])
+@pytest.mark.parametrize("preset", ["compressive", "infinity", "memformer"])
 def test_trains_under_zero3_with_activation_checkpointing(tmp_path, preset):
     script = tmp_path / "zero3.py"
     script.write_text(SCRIPT)
@@ -75,24 +76,26 @@ def test_trains_under_zero3_with_activation_checkpointing(tmp_path, preset):
     assert result["moved"] > 0, "the kind's own weights were gathered and trained"
 
 
-@pytest.mark.parametrize("preset", ["compressive", "infinity"])
+@pytest.mark.parametrize("preset", ["compressive", "infinity", "memformer"])
 def test_bf16_runs_and_keeps_its_state(make_model, preset):
     model = make_model(preset, segment_length=12).to(torch.bfloat16).train()
     memory = None
     for x in segments(count=3):
         out = model(x, labels=x, memory=memory)
         out.loss.backward()
-        memory = out.memory
+        memory = out.memory.detach_()
     assert torch.isfinite(out.loss)
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.memory_net.parameters()
                if p.requires_grad and p.grad is not None)
     if preset == "infinity":
         assert memory.coefficients.dtype == torch.float32 and memory.has_coefficients.all()
+    elif preset == "memformer":
+        assert memory.slots.dtype == torch.float32 and not memory.fresh.any()
     else:
         assert memory.compressed_keys.dtype == torch.bfloat16 and memory.compressed_mask.any()
 
 
-@pytest.mark.parametrize("preset", ["compressive", "infinity"])
+@pytest.mark.parametrize("preset", ["compressive", "infinity", "memformer"])
 def test_lora_keeps_the_kinds_weights_trainable(make_model, preset):
     model = make_model(preset, segment_length=12)
     peft = apply_lora(model, r=2)

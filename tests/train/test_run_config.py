@@ -56,6 +56,8 @@ from memoria_ds.train.parse import ConfigError, load
         (["lora.enabled=true", "lora.alpha=0"], r"`lora.alpha` \(0\) must be above 0"),
         (["lora.enabled=true", "lora.dropout=1.5"], r"`lora.dropout` \(1.5\) must be in \[0, 1\)"),
         (["data.num_proc=0"], r"`data.num_proc` \(0\) must be at least 1, or null"),
+        (["optim.bptt_segments=0"], r"`optim.bptt_segments` \(0\) must be at least 1"),
+        (["data.corpus=sorting", "optim.bptt_segments=2"], r"sorting task's input segments have no targets"),
     ],
 )
 def test_mistakes_are_caught_when_the_config_loads(overrides, message):

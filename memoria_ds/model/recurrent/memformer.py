@@ -95,9 +95,14 @@ class MemformerNet(nn.Module):
         self.write_key = nn.Linear(dim, dim)
         self.write_value = nn.Linear(dim, dim)
 
+    def slot_biases(self) -> Tensor:
+        """(k, D) v, read through the embedding's forward (so ZeRO-3 gathers it)."""
+        index = torch.arange(self.settings.num_slots, device=self.write_query.bias.device)
+        return self.slot_bias(index)
+
     def initial_slots(self) -> Tensor:
         """(k, D) m_0 = v / ||v||."""
-        return F.normalize(self.slot_bias.weight, dim=-1)
+        return F.normalize(self.slot_biases(), dim=-1)
 
     def read(self, layer: int, hidden: Tensor, slots: Tensor) -> Tensor:
         """(B, L, D) cross-attention of block `layer`'s input tokens to the (B, k, D) slots."""
@@ -127,7 +132,7 @@ class MemformerNet(nn.Module):
         tokens = tokens.masked_fill(~valid[:, None, None, :], float("-inf"))
         weights = torch.cat([own, tokens], dim=-1).softmax(dim=-1)
         mixed = weights[..., :1] * heads(slots, H) + weights[..., 1:] @ values  # (B, H, k, hd)
-        new = mixed.transpose(1, 2).reshape(B, k, D) + self.slot_bias.weight.to(mixed.dtype)
+        new = mixed.transpose(1, 2).reshape(B, k, D) + self.slot_biases().to(mixed.dtype)
         return F.normalize(new, dim=-1)
 
 

@@ -1,0 +1,95 @@
+"""Back-propagation through several segments (`optim.bptt_segments`) and its memory replay variant
+(`optim.bptt_recompute`): the recomputed segments give the plain BPTT's gradients; through the real
+launcher, a span of 2 segments per step consumes 2 segments of every stream, resumes bit for bit on
+2 ranks, trains Memformer's writer (which 1 segment per step never reaches), and the recompute
+trains as the plain span does."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from memoria_ds.model import build_model
+from memoria_ds.safe_io import load_tree
+from memoria_ds.train.loop import _forward
+
+from .launch_util import check, kill_and_resume, metrics, run_training
+
+MEMFORMER = ("model.preset=memformer",
+             "model.settings={n_layer: 2, n_embd: 32, n_head: 2, n_positions: 64, resid_pdrop: 0.0, "
+             "embd_pdrop: 0.0, attn_pdrop: 0.0, memory_init: random, memory_settings: {num_slots: 6}}")
+
+
+@pytest.mark.parametrize("span", [2, 3])
+def test_memory_replay_gives_the_plain_bptt_gradients(tiny_gpt2_config, span):
+    torch.manual_seed(0)
+    model = build_model(tiny_gpt2_config, "memformer", memory_settings={"num_slots": 4}, memory_init="random").train()
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randint(0, 257, (2, 10), generator=gen) for _ in range(span)]
+    reset = torch.zeros(2, dtype=torch.bool)
+
+    def gradients(recompute):
+        model.zero_grad()
+        memory, losses = None, []
+        for k, x in enumerate(xs):
+            out = _forward(model, SimpleNamespace(input_ids=x, attention_mask=None), memory,
+                           reset | torch.tensor([False, k == span - 1]), x, recompute)
+            memory = out.memory
+            losses.append(out.loss)
+        torch.stack(losses).mean().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain, replayed = gradients(False), gradients(True)
+    assert plain.keys() == replayed.keys()
+    assert float(plain["memory_net.write_query.weight"].abs().sum()) > 0  # the writer is reached
+    for name in plain:
+        torch.testing.assert_close(replayed[name], plain[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def _shard(run, step, rank):
+    return load_tree(run / "checkpoints" / f"step_{step:08d}" / f"rank_{rank:05d}.safetensors")
+
+
+def test_two_segments_per_step_resume_bit_for_bit_on_two_ranks(tmp_path):
+    whole, killed = kill_and_resume(tmp_path, *MEMFORMER, "optim.bptt_segments=2", ranks=2)
+    for rank in (0, 1):
+        a, b = _shard(whole, 4, rank), _shard(killed, 4, rank)
+        assert a["streams"]["step"] == b["streams"]["step"] == 8, "4 steps of 2 segments"
+        for slot, (ma, mb) in enumerate(zip(a["memory"], b["memory"])):
+            assert ma["kind"] == "memformer"
+            assert torch.equal(ma["slots"], mb["slots"]), (rank, slot)
+
+
+def _writer(run):
+    from transformers import AutoModelForCausalLM
+
+    import memoria_ds.model  # noqa: F401
+
+    net = AutoModelForCausalLM.from_pretrained(run / "export").memory_net
+    return net.write_query.weight.detach(), net.read_out[0].weight.detach()
+
+
+def test_only_a_span_of_segments_trains_the_writer(tmp_path):
+    common = (*MEMFORMER, "engine=torch", "checkpoint.export=true", "eval.at_end=false", "checkpoint.every=0")
+    runs = {}
+    for name, extra in {"k1_1": ("optim.max_steps=1",), "k1_2": ("optim.max_steps=2",),
+                        "k2_2": ("optim.max_steps=2", "optim.bptt_segments=2")}.items():
+        check(run_training(tmp_path / name, *common, *extra, launcher="python"))
+        runs[name] = _writer(tmp_path / name)
+    (w1, r1), (w2, r2), (w22, _) = runs["k1_1"], runs["k1_2"], runs["k2_2"]
+    assert not torch.equal(r1, r2), "the reader learns with one segment per step"
+    assert torch.equal(w1, w2), "one segment per step: no loss reaches the write"
+    assert not torch.equal(w22, w2), "two segments per step: the second's loss trains the writer"
+
+
+def test_memory_replay_trains_as_the_plain_span(tmp_path):
+    common = (*MEMFORMER, "optim.bptt_segments=2", "optim.max_steps=3", "eval.at_end=false", "checkpoint.every=0")
+    check(run_training(tmp_path / "plain", *common))
+    check(run_training(tmp_path / "replay", *common, "optim.bptt_recompute=true"))
+    a = [r["loss"] for r in metrics(tmp_path / "plain")]
+    b = [r["loss"] for r in metrics(tmp_path / "replay")]
+    assert len(a) == len(b) == 3 and a[0] == b[0]
+    assert b == pytest.approx(a, rel=1e-5)
