@@ -1,8 +1,8 @@
 """Back-propagation through several segments (`optim.bptt_segments`) and its memory replay variant
 (`optim.bptt_recompute`): the recomputed segments give the plain BPTT's gradients; through the real
 launcher, a span of 2 segments per step consumes 2 segments of every stream, resumes bit for bit on
-2 ranks, trains Memformer's writer (which 1 segment per step never reaches), and the recompute
-trains as the plain span does."""
+2 ranks and across a world-size change, trains Memformer's writer (which 1 segment per step never
+reaches), and the recompute trains as the plain span does."""
 
 from __future__ import annotations
 
@@ -93,3 +93,21 @@ def test_memory_replay_trains_as_the_plain_span(tmp_path):
     b = [r["loss"] for r in metrics(tmp_path / "replay")]
     assert len(a) == len(b) == 3 and a[0] == b[0]
     assert b == pytest.approx(a, rel=1e-5)
+
+
+def test_a_world_size_change_continues_the_same_span_training(tmp_path):
+    """2 ranks for 2 steps of 2 segments, then 1 rank (micro 2 x accum 2): the slots re-shard by
+    stream and step 3 matches the uninterrupted 2-rank run to reduction-order rounding."""
+    from memoria_ds.train.faults import EXIT_CODE
+
+    common = (*MEMFORMER, "optim.bptt_segments=2", "optim.max_steps=3", "eval.at_end=false")
+    whole, moved = tmp_path / "whole", tmp_path / "moved"
+    check(run_training(whole, *common, "checkpoint.every=1", ranks=2))
+    proc = run_training(moved, *common, "checkpoint.every=2", ranks=2, fault="kill_after_step:2")
+    assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
+    check(run_training(moved, *common, "checkpoint.every=1", "optim.grad_accum=2", "checkpoint.resume=auto", ranks=1))
+    a = {r["step"]: r["loss"] for r in metrics(whole)}
+    b = {r["step"]: r["loss"] for r in metrics(moved)}
+    assert a[1] == b[1] and a[2] == b[2]
+    assert abs(a[3] - b[3]) < 1e-4 * abs(a[3]), f"step 3 after 2 -> 1: {b[3]} vs uninterrupted {a[3]}"
+    assert _shard(moved, 3, 0)["streams"]["step"] == 6
