@@ -247,3 +247,22 @@ def test_settings_resolve_and_reject_bad_values(backbone_config):
         MemoriaGPT2Config.from_backbone(backbone_config, "memformer", memory_settings={"temperature": 0})
     with pytest.raises(ValueError, match="unknown memformer setting"):
         MemoriaGPT2Config.from_backbone(backbone_config, "memformer", memory_settings={"slots": 4})
+
+
+def test_activation_checkpointing_keeps_the_gradients_through_segments(make_model):
+    """Training's non-reentrant block checkpointing: the same gradients over a span of 2 segments."""
+    model = _model(make_model).train()
+    x1, x2 = segments(count=2)
+
+    def grads():
+        model.zero_grad()
+        memory = model(x1, labels=x1).memory
+        (model(x1, labels=x1).loss + model(x2, labels=x2, memory=memory).loss).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain = grads()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    checkpointed = grads()
+    assert plain.keys() == checkpointed.keys() and "memory_net.write_query.weight" in plain
+    for name in plain:
+        torch.testing.assert_close(checkpointed[name], plain[name], rtol=1e-5, atol=1e-7, msg=name)
