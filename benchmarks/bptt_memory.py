@@ -90,7 +90,8 @@ def main() -> None:
           f"rounds={a.rounds}")
     print(f"{'K':>3} {'recompute':>10} {'CPU s / segment':>16} {'peak (MiB)':>11}")
     for r in results:
-        print(f"{r['span']:>3} {str(r['recompute']).lower():>10} {r['cpu_s_per_segment']:>16.3f} {r['peak_mib']:>11.0f}")
+        recompute = str(r["recompute"]).lower()
+        print(f"{r['span']:>3} {recompute:>10} {r['cpu_s_per_segment']:>16.3f} {r['peak_mib']:>11.0f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
