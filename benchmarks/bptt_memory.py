@@ -76,9 +76,12 @@ def main() -> None:
         span, recompute = a.worker.split(",")
         print(json.dumps(worker(a, int(span), recompute == "1")))
         return
-    spans = [int(s) for s in a.spans.split(",")]
-    if any(s < 1 for s in spans):
-        raise SystemExit(f"--spans must be integers >= 1, got {a.spans!r}")
+    try:
+        spans = [int(s) for s in a.spans.split(",")]
+    except ValueError:
+        spans = [0]
+    if any(s < 1 for s in spans) or a.rounds < 1 or a.batch < 1 or a.segment < 1:
+        p.error(f"--spans {a.spans!r}, --rounds, --batch and --segment: integers >= 1 (comma-separated for --spans)")
     args = sys.argv[1:]
     results = []
     for span in spans:
