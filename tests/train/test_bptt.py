@@ -111,3 +111,17 @@ def test_a_world_size_change_continues_the_same_span_training(tmp_path):
     assert a[1] == b[1] and a[2] == b[2]
     assert abs(a[3] - b[3]) < 1e-4 * abs(a[3]), f"step 3 after 2 -> 1: {b[3]} vs uninterrupted {a[3]}"
     assert _shard(moved, 3, 0)["streams"]["step"] == 6
+
+
+def test_a_non_finite_loss_in_a_span_skips_that_step_only(tmp_path):
+    """`nan_policy=skip` with 2 segments per step: the span's backward is NaN, the engine skips that
+    update, the slots of its rows start fresh, and the next step trains again."""
+    run = tmp_path / "run"
+    check(run_training(run, *MEMFORMER, "optim.bptt_segments=2", "optim.nan_policy=skip", "optim.max_steps=3",
+                       "engine=torch", "eval.at_end=false", "checkpoint.every=0", fault="nan_loss:2",
+                       launcher="python"))
+    train = {r["step"]: r for r in metrics(run)}
+    assert (train[2]["skipped_micro_batches"], train[2]["skipped_steps"]) == (1, 1)
+    assert (train[3]["skipped_micro_batches"], train[3]["skipped_steps"]) == (0, 0)
+    assert "grad_norm" not in train[2] and train[3]["grad_norm"] == train[3]["grad_norm"]
+    assert train[3]["loss"] == train[3]["loss"]
