@@ -22,6 +22,7 @@ from typing import Any
 from ..data import VOCAB_SIZE, ExampleStreams, StreamLayout, TokenStreams
 from ..eval.protocols import protocol_from_name
 from ..model.config import idle_settings, resolve_preset
+from ..model.recurrent import KINDS
 from . import distributed as dist_utils
 from .build import build_run_model, check_pretrained_settings, load_corpora, resolve_precision, unwrap
 from .checkpoints import (CheckpointError, CheckpointInfo, check_compatible, choose_checkpoint, seed_everything,
@@ -176,6 +177,11 @@ def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
     if idle:
         log(f"note: model.settings {', '.join(idle)} configure another kind of memory; model.preset="
             f"{cfg.model.preset} (memory_type {memory_type}) does not read them: they change nothing in this run")
+    kind = KINDS.get(memory_type)
+    if kind is not None and kind.trains_across_segments and cfg.optim.bptt_segments == 1:
+        log(f"note: model.preset={cfg.model.preset} (memory_type {memory_type}) trains its memory write from later "
+            f"segments' losses, but optim.bptt_segments=1 back-propagates one segment at a time: its write gets no "
+            f"gradient in this run; set optim.bptt_segments to 2 or more")
     if memory_settings_idle(model, cfg.optim.memory_lr_scale, cfg.optim.memory_delay_steps):
         log(f"note: optim.memory_lr_scale / optim.memory_delay_steps act on the modules Memoria adds; "
             f"model.preset={cfg.model.preset} has none to train, so they change nothing in this run")

@@ -157,6 +157,9 @@ class MemoryKind:
     name: ClassVar[str]
     memory_class: ClassVar[type]
     carries_state: ClassVar[bool] = True  # False: nothing crosses segments (decode caches may be used freely)
+    # True: the state keeps its graph, so a later segment's loss trains this segment's write (given
+    # `optim.bptt_segments` > 1); False: the kind detaches what it carries
+    trains_across_segments: ClassVar[bool] = False
     # parses the config's `memory_settings` dict: `settings_class.from_dict(d)` (raises ValueError on a bad
     # value, naming it) and `.to_dict()` (every setting, resolved); None: the kind takes no settings
     settings_class: ClassVar[Any] = None

@@ -207,6 +207,7 @@ class MemformerKind(MemoryKind):
     name = "memformer"
     memory_class = MemformerMemory
     settings_class = MemformerSettings
+    trains_across_segments = True
 
     def build_module(self) -> MemformerNet:
         cfg = self.config
