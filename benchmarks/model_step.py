@@ -22,7 +22,8 @@ authors' width), `memoria_width=R` (the default block at width R * n_embd),
 `memoria_layers=K` (the default block in every K-th block only); `memorizing` (the Memorizing
 Transformer's kNN memory, 8192 pairs, prefilled to its cap) and `memorizing_size=M` (M pairs);
 `memory_mosaic` (the Memory Mosaic of the same shape, docs/memory_mosaics.md) and
-`memory_mosaic_carry` (its contextual memory carried across segments). A Memoria variant with
+`memory_mosaic_carry` (its contextual memory carried across segments); `memformer` (Memformer's
+1,024 slots, one segment per step). A Memoria variant with
 `+compile` runs its memory engine compiled (`memory_compile="default"`), with
 `+cudagraphs` as CUDA graphs (`"reduce-overhead"`). Any variant with `+model_compile`
 runs the *whole* model compiled (`model.compile()`, as `model.compile=default` does in
