@@ -400,6 +400,11 @@ class KNNLMSection(Section):
         key: `ffn_input` (the last block's FFN input after its layer norm: the paper's) or
             `final_hidden` (after ln_f).
         max_entries: per-stream datastore cap, oldest out; null: unbounded (paper).
+        train_datastore: also search one shared datastore of the training split, read by the
+            model with its memory (the paper's datastore is its training text). Every rank
+            builds the same one before each evaluation, so it costs a pass over that text.
+        train_max_entries: stop reading the training split after this many entries; null: all.
+        train_streams: streams the training split is read with (each carries its memory).
     """
 
     enabled: bool = False
@@ -408,10 +413,17 @@ class KNNLMSection(Section):
     temperature: Number = 1.0
     key: Literal["ffn_input", "final_hidden"] = "ffn_input"
     max_entries: int | None = None
+    train_datastore: bool = False
+    train_max_entries: int | None = None
+    train_streams: int = 8
 
     @model_validator(mode="after")
     def check(self):
         self.settings()  # one place for the checks and their messages
+        if self.train_max_entries is not None and self.train_max_entries < 1:
+            raise ValueError(f"`eval.knn_lm.train_max_entries` must be >= 1 or null (all), got {self.train_max_entries}")
+        if self.train_streams < 1:
+            raise ValueError(f"`eval.knn_lm.train_streams` must be >= 1, got {self.train_streams}")
         return self
 
     def settings(self):

@@ -272,6 +272,7 @@ def evaluate(ctx: RunContext, state: RunState, writer: MetricsWriter, step: int)
                else f"{cfg.model.backbone}:{cfg.model.preset}@step_{step:08d}"),
         sorting_batch_size=ctx.num_streams,
         trace=functools.partial(_trace, ctx) if step == ctx.total_steps else None,
+        train_corpus=ctx.corpora.get("train"),
     )
     for result in results:
         line, values = describe(result)
