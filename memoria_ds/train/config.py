@@ -517,7 +517,9 @@ class RunConfig(Section):
         banks = position_banks(values.get("memory_type", "memoria"), values.get("xl_positions", "shared")) > 1
         positions //= 2 if banks else 1  # MemoriaGPT2Config.xl_positions
         if self.model.from_scratch and self.data.segment_length > positions:
-            half = " (`xl` alternates between two banks: a segment may use half of them)" if banks else ""
+            kind = values.get("memory_type", "memoria")
+            half = (f" (`{kind}` with `xl_positions: alternate` puts the cached segment in the other half of the "
+                    f"positions: a segment may use half of them)" if banks else "")
             raise ValueError(f"`data.segment_length` ({self.data.segment_length}) exceeds the model's positions "
                              f"(`model.settings.n_positions` = {self.model.settings.get('n_positions', 1024)}){half}; "
                              f"raise n_positions or shorten segments")
