@@ -35,9 +35,9 @@ import torch
 from torch import Tensor, nn
 
 from ...rows import BatchRows, rows_field
-from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead, check_format
+from .base import FORMAT, BlockWrites, MemoryKind, check_format
 from .compression import COMPRESSIONS, CompressionNet, pad_to_rate, reconstruction_error
-from .xl import roll_memory
+from .xl import XLRead, roll_memory
 
 
 @dataclass(frozen=True)
@@ -161,31 +161,12 @@ class CompressiveMemory(BatchRows):
 
 
 @dataclass
-class CompressiveRead(BatchRows, MemoryRead):
-    """The blocks' view: every layer's [compressed memory, memory] and the positions to embed at.
+class CompressiveRead(XLRead):
+    """The blocks' view: every layer's [compressed memory, memory] read as `xl`'s cache is
+    (keys / values (B, Y, H, C + M, hd), slot_mask (B, C + M)), and each layer's queries
+    collected for the reconstruction loss."""
 
-    Attributes:
-        keys / values: (B, Y, H, C + M, hd). slot_mask: (B, C + M) bool.
-        position_offset: (B,) int64 bank offset, or None (one bank).
-    """
-
-    keys: Tensor
-    values: Tensor
-    slot_mask: Tensor
-    position_offset: Tensor | None = None
-    engrams: ClassVar[None] = None
-    collects_kv: ClassVar[bool] = True
     collects_queries: ClassVar[bool] = True
-
-    def positions(self, positions: Tensor) -> Tensor:
-        if self.position_offset is None:
-            return positions
-        return positions + self.position_offset[:, None]  # (B, L)
-
-    def layer_kv(self, layer: int) -> tuple[Tensor | None, Tensor | None]:
-        if not self.slot_mask.shape[1]:
-            return None, None
-        return self.keys[:, layer], self.values[:, layer]  # (B, H, C + M, hd)
 
 
 @dataclass
