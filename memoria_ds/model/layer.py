@@ -6,7 +6,7 @@ hook on an HF `GPT2Block` can reach without re-deriving its residual stream. So 
 is driven here through its submodules, in HF's own order and arithmetic:
 
     h = attn(ln_1(h)) + h        # HF's GPT2Attention (SDPA or eager; LoRA-wrapped c_attn/c_proj work);
-                                 # `memorizing`'s block: its c_attn/c_proj around a kNN-augmented attention
+                                 # or a kind's own in its place (`MemoryRead.block_attention`: `memorizing`)
     h = memory_attention(h, ...) # Memoria only: + WM residual, + M_rem residual
     h = h + mlp(ln_2(h))         # HF's GPT2MLP
 
@@ -30,7 +30,6 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
 from .config import MemoriaGPT2Config
-from .knn_attention import KNNAttention, KNNSlots
 from .memory_attention import MemoryAttention, MemoryInputs
 from .recurrent.base import MemoryRead
 from .extended_attention import ExtendedKeyValues
@@ -49,7 +48,8 @@ class BlockInputs:
         collect_queries: return this segment's self-attention queries too (a kind's training loss uses them).
         side: a read whose `side_attention` adds to every block's self-attention output (the
             infinity-former's long-term memory), or None.
-        knn: the kNN memory the `memorizing` block reads (`KNNSlots`), or None.
+        own_attention: the read whose `block_attention` may replace a block's self-attention
+            (`MemoryRead.replaces_attention`), or None.
         engram_slots: the engrams are key/value slots of every block's self-attention
             (Memoria's `memory_read="self_attention"`; their mask is the attention mask's first
             slots), not read by a memory cross-attention.
@@ -61,7 +61,7 @@ class BlockInputs:
     collect_kv: bool
     collect_queries: bool = False
     side: MemoryRead | None = None
-    knn: KNNSlots | None = None
+    own_attention: MemoryRead | None = None
     engram_slots: bool = False
 
 
@@ -88,11 +88,6 @@ class MemoryBlock(GradientCheckpointingLayer):
                 resid_dropout=config.resid_pdrop,
             )
             if with_memory_attention
-            else None
-        )
-        self.knn_attention = (  # the Memorizing Transformer's block only
-            KNNAttention(config.n_head, config.memorizing_topk)
-            if config.resolved_memorizing_layer == layer_idx
             else None
         )
 
@@ -136,10 +131,12 @@ class MemoryBlock(GradientCheckpointingLayer):
             width = block.attn.split_size
             handle = block.attn.c_attn.register_forward_hook(lambda m, i, out: queries.append(out[..., :width]))
         try:
-            if self.knn_attention is not None and inputs.knn is not None:
+            attn_output = None
+            if inputs.own_attention is not None:  # a kind's attention in place of this block's (`memorizing`)
                 kv = kv if kv is not None else ExtendedKeyValues(None, None, None)
-                attn_output = self.knn_attention(block.attn, block.ln_1(hidden), inputs.knn, inputs.attention_mask, kv)
-            else:
+                attn_output = inputs.own_attention.block_attention(
+                    self.layer_idx, block.attn, block.ln_1(hidden), inputs.attention_mask, kv)
+            if attn_output is None:
                 attn_output, _ = block.attn(block.ln_1(hidden), attention_mask=inputs.attention_mask,
                                             **{ATTENTION_CACHE: kv})
         finally:

@@ -66,6 +66,7 @@ class MemoryRead:
     collects_queries: ClassVar[bool] = False
     engram_slots: ClassVar[bool] = False  # `engrams` are key/value slots of every block's self-attention
     has_side: ClassVar[bool] = False  # `side_attention` adds to every block's self-attention output
+    replaces_attention: ClassVar[bool] = False  # `block_attention` may replace a block's self-attention
 
     def positions(self, positions: Tensor) -> Tensor:
         """The absolute positions to embed, given the segment's (1, L) positions."""
@@ -92,8 +93,20 @@ class MemoryRead:
         """
         raise NotImplementedError
 
-    def knn_memory(self) -> Any | None:
-        """The kNN memory one block's attention also reads (`memorizing`: a `KNNSlots`), or None."""
+    def block_attention(self, layer: int, attn: Any, hidden: Tensor, attention_mask: Tensor | None,
+                        kv: Any) -> Tensor | None:
+        """A self-attention of the kind's own in place of block `layer`'s (when `replaces_attention`),
+        or None where the block's own runs (e.g. `memorizing`: its one kNN-augmented block).
+
+        Args:
+            attn: the block's HF `GPT2Attention` (its projections are to be used, so LoRA and
+                ZeRO-3 see them). hidden: (B, L, D) its `ln_1` output. attention_mask: the
+                self-attention mask. kv: the block's `ExtendedKeyValues` (decode cache, and
+                this segment's keys/values kept for the write).
+
+        Returns:
+            (B, L, D) the attention's output after `c_proj` and dropout, or None.
+        """
         return None
 
     def take_rows(self, rows: Tensor | list[int]) -> MemoryRead:
@@ -155,7 +168,8 @@ class MemoryKind:
     memory_class: ClassVar[type]
     carries_state: ClassVar[bool] = True  # False: nothing crosses segments (decode caches may be used freely)
     # parses the config's `memory_settings` dict: `settings_class.from_dict(d)` (raises ValueError on a bad
-    # value, naming it) and `.to_dict()` (every setting, resolved); None: the kind takes no settings
+    # value, naming it) and `.to_dict()` (every setting, resolved); None: the kind takes no settings.
+    # An optional `.check_model(config)` refuses settings that do not fit the model (the config calls it)
     settings_class: ClassVar[Any] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
