@@ -22,6 +22,7 @@ through the same model class, launcher and evaluation.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -81,7 +82,7 @@ SETTINGS_OF_KIND: dict[str, frozenset[str]] = {
     "mosaic": frozenset({"mosaic_memory_length"}),
     "memoria": frozenset({"memoria", "memory_layers", "memory_heads", "memory_inner_dim", "memory_inner_dim_ratio",
                           "memory_attention_mode", "abstractor_style", "memory_compile", "memory_read",
-                          "engram_loss"}),
+                          "engram_loss", "engram_bias"}),
     "compressive": frozenset({"xl_positions"}),
     "infinity": frozenset(),
     "memorizing": frozenset(),
@@ -152,6 +153,11 @@ class MemoriaGPT2Config(GPT2Config):
             memory, should read what it reads attending over the whole previous segment (the
             Compressive Transformer's attention-reconstruction loss, with the segment's final
             hidden states as queries, keys and values; the target carries no gradient).
+        engram_bias: with `memory_read="self_attention"`, a learned per-head, per-block bias
+            added to the attention logits of the engram slots, starting at this value (an
+            option beyond the paper; None = no bias). A negative start (e.g. -4) makes the
+            blocks start close to their backbone, the engrams taking little attention until the
+            bias is learned up: a gate on the memory read.
         memory_init: `"noop"` (output projections of the memory attention start at zero:
             the model starts exactly as the backbone) or `"random"` (the paper's random
             initialisation of every new weight).
@@ -187,6 +193,7 @@ class MemoriaGPT2Config(GPT2Config):
     memory_attention_mode: str = "sequential"
     memory_read: str = "cross_attention"
     engram_loss: float = 0.0
+    engram_bias: float | None = None
     memory_init: str = "noop"
     abstractor_style: str = "transformer"
     xl_memory_length: int | None = None
@@ -220,6 +227,12 @@ class MemoriaGPT2Config(GPT2Config):
         settings_class = KIND_SETTINGS.get(self.memory_type)
         if settings_class is not None and hasattr(settings_class, "check_model"):  # e.g. a block index in range
             settings_class.from_dict(dict(self.memory_settings or {})).check_model(self)
+        if self.engram_bias is not None:
+            if self.memory_read != "self_attention":
+                raise ValueError("`engram_bias` biases the engram slots of `memory_read='self_attention'`; set that, "
+                                 "or leave `engram_bias` unset")
+            if not (isinstance(self.engram_bias, (int, float)) and math.isfinite(self.engram_bias)):
+                raise ValueError(f"`engram_bias` ({self.engram_bias!r}) must be a finite number, or None (no bias)")
         if self.memory_init not in INIT_MODES:
             raise ValueError(f"`memory_init` must be one of {INIT_MODES}, got {self.memory_init!r}")
         if self.abstractor_style not in ABSTRACTOR_STYLES:
@@ -371,6 +384,7 @@ def _memory_fields() -> set[str]:
         "memory_attention_mode",
         "memory_read",
         "engram_loss",
+        "engram_bias",
         "memory_init",
         "abstractor_style",
         "xl_memory_length",

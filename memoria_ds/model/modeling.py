@@ -149,6 +149,7 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
     def memory_modules(self) -> list[nn.Module]:
         """The modules the memory adds (abstractor, memory attentions, the kind's `memory_net`); all trainable."""
         mods: list[nn.Module] = [b.memory_attention for b in self.memory_blocks if b.memory_attention is not None]
+        mods += [b.engram_bias for b in self.memory_blocks if b.engram_bias is not None]
         own = [m for m in (self.abstractor, self.memory_net) if m is not None]
         return own + mods
 
