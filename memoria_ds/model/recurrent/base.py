@@ -29,7 +29,7 @@ Notation: B rows, L tokens, D width, M cached slots, H heads, hd head width.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 import torch
@@ -151,6 +151,25 @@ class BlockWrites:
             self.queries.append(queries)
         if side:
             self.side.append(side)
+
+
+class KindSettings:
+    """Base of a kind's `settings_class` (a frozen dataclass of its settings, checked in its
+    `__post_init__`): `from_dict` refuses unknown names, naming the known ones; `to_dict` gives
+    every setting, resolved. Subclasses set `kind` (the name in messages)."""
+
+    kind: ClassVar[str] = "memory"
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Any:
+        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown {cls.kind} setting(s) {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
 
 
 class MemoryKind:

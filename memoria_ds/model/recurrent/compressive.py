@@ -28,20 +28,20 @@ Notation: B rows, Y layers, H heads, M memory slots, C compressed slots, L segme
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from ...rows import BatchRows, rows_field
-from .base import FORMAT, BlockWrites, MemoryKind, check_format
+from .base import FORMAT, BlockWrites, KindSettings, MemoryKind, check_format
 from .compression import COMPRESSIONS, CompressionNet, pad_to_rate, reconstruction_error
 from .xl import XLRead, roll_memory
 
 
 @dataclass(frozen=True)
-class CompressiveSettings:
+class CompressiveSettings(KindSettings):
     """The Compressive Transformer's settings (sources in docs/baselines.md).
 
     Attributes:
@@ -53,6 +53,8 @@ class CompressiveSettings:
         compression: `"conv"` (Rae et al.'s best, the authors' code), `"mean"` or `"max"`.
         reconstruction_weight: weight of the attention-reconstruction loss (1.0: the authors' configs).
     """
+
+    kind: ClassVar[str] = "compressive"
 
     memory_length: int | None = None
     compressed_length: int | None = None
@@ -71,17 +73,6 @@ class CompressiveSettings:
             raise ValueError(f"compressive `compression` must be one of {COMPRESSIONS}, got {self.compression!r}")
         if not self.reconstruction_weight >= 0:
             raise ValueError(f"compressive `reconstruction_weight` ({self.reconstruction_weight!r}) must be >= 0")
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> CompressiveSettings:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown compressive setting(s) {unknown}; known: {sorted(known)}")
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def lengths(self, segment_length: int) -> tuple[int, int]:
         """(M, C) for segments of `segment_length` tokens."""

@@ -18,7 +18,7 @@ Notation: B rows, H heads, M memory slots, L tokens of the segment, hd head widt
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -27,11 +27,11 @@ from torch import Tensor
 
 from ...rows import BatchRows, rows_field
 from ..knn_attention import KNNAttention, KNNSlots
-from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead, check_format
+from .base import FORMAT, BlockWrites, KindSettings, MemoryKind, MemoryRead, check_format
 
 
 @dataclass(frozen=True)
-class MemorizingSettings:
+class MemorizingSettings(KindSettings):
     """The Memorizing Transformer's settings (`memory_settings`; sources in docs/field_memories.md).
 
     Attributes:
@@ -41,6 +41,8 @@ class MemorizingSettings:
             smallest main memory).
         topk: neighbours each query retrieves (the paper: 32).
     """
+
+    kind: ClassVar[str] = "memorizing"
 
     layer: int | None = None
     size: int = 8192
@@ -54,17 +56,6 @@ class MemorizingSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"memorizing `{name}` ({value!r}) must be an integer >= 1")
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> MemorizingSettings:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown memorizing setting(s) {unknown}; known: {sorted(known)}")
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def check_model(self, config: Any) -> None:
         """Raise ValueError if the settings do not fit the model (the config's validation calls it)."""
