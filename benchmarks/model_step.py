@@ -108,7 +108,7 @@ def variant_settings(name: str, n_layer: int) -> tuple[str, dict]:
     if name.startswith("memoria_width="):
         return "memoria", {"memory_inner_dim_ratio": float(name.split("=", 1)[1])}
     if name.startswith("memorizing_size="):  # the Memorizing Transformer with a memory of M pairs
-        return "memorizing", {"memorizing_size": int(name.split("=", 1)[1])}
+        return "memorizing", {"memory_settings": {"size": int(name.split("=", 1)[1])}}
     presets = ("transformer", "xl", "memoria", "memoria_fast", "memoria_full_width", "compressive", "infinity",
                "memorizing", "memory_mosaic", "memory_mosaic_carry", "memformer")
     if name not in presets:
@@ -135,11 +135,12 @@ def prefill(model, memory, steps: int) -> None:
     Memorizing Transformer's kNN memory to its cap with random unit keys (its steady state)."""
     if steps and model.config.memory_type == "memorizing":
         cfg, B = model.config, memory.batch_size
-        shape = (B, cfg.n_head, cfg.memorizing_size, cfg.n_embd // cfg.n_head)
+        size = model.memory_kind.settings.size
+        shape = (B, cfg.n_head, size, cfg.n_embd // cfg.n_head)
         gen = torch.Generator().manual_seed(0)
         memory.keys = torch.nn.functional.normalize(torch.randn(shape, generator=gen), dim=-1).to(memory.device)
         memory.values = torch.randn(shape, generator=gen).to(memory.device)
-        memory.mask = torch.ones(B, cfg.memorizing_size, dtype=torch.bool, device=memory.device)
+        memory.mask = torch.ones(B, size, dtype=torch.bool, device=memory.device)
         return
     if steps == 0 or model.config.memory_type != "memoria":
         return

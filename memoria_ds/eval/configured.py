@@ -11,6 +11,9 @@ from typing import Any, Callable
 
 import torch
 
+from memoria_ds.data.streams import TokenStreams
+
+from .knn_lm import Datastore, KNNLMSettings, build_datastore
 from .perplexity import evaluate_lm
 from .protocols import protocol_from_name
 from .result import EvalResult
@@ -31,6 +34,7 @@ def evaluate_split(
     sorting_batch_size: int,
     trace: Callable[[str], Any] | None = None,
     memory_for: Callable[[list[int]], Any] | None = None,
+    train_corpus: Any = None,
 ) -> list[EvalResult]:
     """Evaluate `model` on one tokenized split (or sorting dataset).
 
@@ -45,6 +49,7 @@ def evaluate_split(
         trace: `trace(protocol)` -> a per-segment callback (`MemoryTrace`) or None; each
             callback returned is closed after its protocol.
         memory_for: the memory each protocol's streams start from (`evaluate_lm`); None: empty.
+        train_corpus: the tokenized training split, for `eval.knn_lm.train_datastore`.
 
     Returns:
         One result per protocol (or the sorting result). Every rank calls this.
@@ -66,8 +71,15 @@ def evaluate_split(
         ) for bare in readings]
     results = []
     streams = evaluation.num_streams or world_size
-    knn = getattr(evaluation, "knn_lm", None)
-    knn = knn.settings() if knn is not None and knn.enabled else None
+    section = getattr(evaluation, "knn_lm", None)
+    knn = section.settings() if section is not None and section.enabled else None
+    store = None
+    if knn is not None and section.train_datastore:
+        if train_corpus is None:
+            raise ValueError("`eval.knn_lm.train_datastore` needs the training split, and none was given")
+        store = train_datastore(model, train_corpus, knn, segment_length=data.segment_length,
+                                streams=section.train_streams, reset=evaluation.reset,
+                                max_entries=section.train_max_entries, device=device)
     for name in evaluation.protocols:
         protocol = protocol_from_name(name, data.segment_length, streams, evaluation.reset)
         callback = trace(name) if trace is not None else None
@@ -75,12 +87,23 @@ def evaluate_split(
             results.append(evaluate_lm(
                 model, corpus, protocol, model_name=label, rank=rank, world_size=world_size, device=device,
                 max_steps=evaluation.max_steps, progress=False, on_step=callback, output_path=output(name),
-                memory_for=memory_for, knn=knn,
+                memory_for=memory_for, knn=knn, knn_store=store,
             ))
         finally:
             if callback is not None:
                 callback.close()
     return results
+
+
+def train_datastore(model: Any, corpus: Any, settings: KNNLMSettings, *, segment_length: int, streams: int,
+                    reset: Any, max_entries: int | None, device: torch.device) -> Datastore:
+    """kNN-LM's shared datastore of the training split, read by `model` with its memory as the
+    evaluation reads (`streams` streams, the evaluation's reset policy), the same on every rank:
+    each rank reads every stream, so ZeRO-3's collectives stay in step and no exchange is needed."""
+    reader = TokenStreams(corpus, num_streams=streams, segment_length=segment_length, rank=0, world_size=1,
+                          tail="pad")
+    policy = protocol_from_name("full", segment_length, streams, reset).reset
+    return build_datastore(model, reader, settings, reset=policy, device=device, max_entries=max_entries)
 
 
 def describe(result: EvalResult) -> tuple[str, dict[str, float]]:

@@ -23,6 +23,7 @@ through the same model class, launcher and evaluation.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -85,10 +86,10 @@ SETTINGS_OF_KIND: dict[str, frozenset[str]] = {
     "mosaic": frozenset({"mosaic_memory_length"}),
     "memoria": frozenset({"memoria", "memory_layers", "memory_heads", "memory_inner_dim", "memory_inner_dim_ratio",
                           "memory_attention_mode", "abstractor_style", "memory_compile", "memory_read",
-                          "engram_loss"}),
+                          "engram_loss", "engram_bias"}),
     "compressive": frozenset({"xl_positions"}),
     "infinity": frozenset(),
-    "memorizing": frozenset({"memorizing_layer", "memorizing_size", "memorizing_topk"}),
+    "memorizing": frozenset(),
     "memformer": frozenset(),
 }
 
@@ -157,6 +158,11 @@ class MemoriaGPT2Config(GPT2Config):
             memory, should read what it reads attending over the whole previous segment (the
             Compressive Transformer's attention-reconstruction loss, with the segment's final
             hidden states as queries, keys and values; the target carries no gradient).
+        engram_bias: with `memory_read="self_attention"`, a learned per-head, per-block bias
+            added to the attention logits of the engram slots, starting at this value (an
+            option beyond the paper; None = no bias). A negative start (e.g. -4) makes the
+            blocks start close to their backbone, the engrams taking little attention until the
+            bias is learned up: a gate on the memory read.
         memory_init: `"noop"` (output projections of the memory attention start at zero:
             the model starts exactly as the backbone) or `"random"` (the paper's random
             initialisation of every new weight).
@@ -172,12 +178,6 @@ class MemoriaGPT2Config(GPT2Config):
             between two banks, 0..L-1 and S..S+L-1 with S = n_positions // 2, so the
             cached previous segment always sits in the other bank (the `xl` preset's
             choice; segments must fit in S).
-        memorizing_layer: the block (0-based) with the kNN-augmented attention of
-            `memorizing`; None: the block at three quarters of the depth, round(0.75 *
-            n_layer) - 1 (the paper's 9th of 12).
-        memorizing_size: (key, value) pairs the kNN memory keeps per stream, oldest out
-            (the paper's smallest memory: 8192).
-        memorizing_topk: neighbours each query retrieves (the paper: 32).
         segment_length: the segment length the model is trained with; `generate()` feeds
             a long prompt in segments of this length unless told otherwise.
         memory_compile: None (the memory engine runs eagerly) or a `torch.compile` mode
@@ -198,13 +198,11 @@ class MemoriaGPT2Config(GPT2Config):
     memory_attention_mode: str = "sequential"
     memory_read: str = "cross_attention"
     engram_loss: float = 0.0
+    engram_bias: float | None = None
     memory_init: str = "noop"
     abstractor_style: str = "transformer"
     xl_memory_length: int | None = None
     xl_positions: str = "shared"
-    memorizing_layer: int | None = None
-    memorizing_size: int = 8192
-    memorizing_topk: int = 32
     segment_length: int | None = None
     memory_compile: str | None = None
 
@@ -231,6 +229,15 @@ class MemoriaGPT2Config(GPT2Config):
                              "leave `memory_layers` unset")
         if not (isinstance(self.engram_loss, (int, float)) and 0 <= self.engram_loss < float("inf")):
             raise ValueError(f"`engram_loss` ({self.engram_loss!r}) must be a finite weight >= 0 (0: off)")
+        settings_class = KIND_SETTINGS.get(self.memory_type)
+        if settings_class is not None and hasattr(settings_class, "check_model"):  # e.g. a block index in range
+            settings_class.from_dict(dict(self.memory_settings or {})).check_model(self)
+        if self.engram_bias is not None:
+            if self.memory_read != "self_attention":
+                raise ValueError("`engram_bias` biases the engram slots of `memory_read='self_attention'`; set that, "
+                                 "or leave `engram_bias` unset")
+            if not (isinstance(self.engram_bias, (int, float)) and math.isfinite(self.engram_bias)):
+                raise ValueError(f"`engram_bias` ({self.engram_bias!r}) must be a finite number, or None (no bias)")
         if self.memory_init not in INIT_MODES:
             raise ValueError(f"`memory_init` must be one of {INIT_MODES}, got {self.memory_init!r}")
         if self.abstractor_style not in ABSTRACTOR_STYLES:
@@ -258,12 +265,6 @@ class MemoriaGPT2Config(GPT2Config):
             raise ValueError(f"`xl_positions` must be one of {XL_POSITIONS}, got {self.xl_positions!r}")
         if self.xl_memory_length is not None and self.xl_memory_length < 1:
             raise ValueError(f"`xl_memory_length` ({self.xl_memory_length}) must be >= 1, or None for one segment")
-        if self.memorizing_layer is not None and not 0 <= self.memorizing_layer < self.n_layer:
-            raise ValueError(f"`memorizing_layer` ({self.memorizing_layer}) must be a block index in "
-                             f"[0, {self.n_layer}), or None for the block at three quarters of the depth")
-        if self.memorizing_size < 1 or self.memorizing_topk < 1:
-            raise ValueError(f"`memorizing_size` ({self.memorizing_size}) and `memorizing_topk` "
-                             f"({self.memorizing_topk}) must be >= 1")
         if self.segment_length is not None and not 1 <= self.segment_length <= self.positions_per_segment:
             banks = " (half of n_positions: `xl_positions='alternate'` uses two banks)" if self.position_banks > 1 else ""
             raise ValueError(
@@ -294,15 +295,6 @@ class MemoriaGPT2Config(GPT2Config):
         if self.memory_type != "memoria" or self.memory_read != "cross_attention":
             return []
         return sorted(self.memory_layers) if self.memory_layers is not None else list(range(self.n_layer))
-
-    @property
-    def resolved_memorizing_layer(self) -> int | None:
-        """The block with the kNN-augmented attention (None unless `memory_type == "memorizing"`)."""
-        if self.memory_type != "memorizing":
-            return None
-        if self.memorizing_layer is not None:
-            return self.memorizing_layer
-        return max(0, round(0.75 * self.n_layer) - 1)
 
     @property
     def resolved_memory_heads(self) -> int:
@@ -397,13 +389,11 @@ def _memory_fields() -> set[str]:
         "memory_attention_mode",
         "memory_read",
         "engram_loss",
+        "engram_bias",
         "memory_init",
         "abstractor_style",
         "xl_memory_length",
         "xl_positions",
-        "memorizing_layer",
-        "memorizing_size",
-        "memorizing_topk",
         "segment_length",
     }
 

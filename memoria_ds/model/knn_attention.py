@@ -108,8 +108,16 @@ class KNNAttention(nn.Module):
     def __init__(self, num_heads: int, topk: int) -> None:
         super().__init__()
         self.topk = topk
-        self.gate_bias = nn.Parameter(torch.zeros(num_heads))  # b_g; the model's _init_weights sets it
+        self.gate_bias = nn.Parameter(torch.zeros(num_heads))  # b_g; `init_memory_weights` sets it
         self.scale = nn.Parameter(torch.full((num_heads,), initial_scale(topk)))
+
+    @torch.no_grad()
+    def init_memory_weights(self, memory_init: str) -> None:
+        """The model's init (`_init_weights`): the cosine scale at QK-norm's log2(k^2 - k) (Henry et
+        al. 2020); the gate at an even mix under `random` (b = 0), close to the backbone under
+        `noop` (b = -4, g = 0.018; exactly the backbone while a row's memory is empty)."""
+        nn.init.constant_(self.scale, initial_scale(self.topk))
+        nn.init.constant_(self.gate_bias, 0.0 if memory_init == "random" else NOOP_GATE_BIAS)
 
     def forward(
         self, attn: GPT2Attention, hidden: Tensor, slots: KNNSlots, attention_mask: Tensor | None,

@@ -6,7 +6,7 @@ hook on an HF `GPT2Block` can reach without re-deriving its residual stream. So 
 is driven here through its submodules, in HF's own order and arithmetic:
 
     h = attn(ln_1(h)) + h        # HF's GPT2Attention (SDPA or eager; LoRA-wrapped c_attn/c_proj work);
-                                 # `memorizing`'s block: its c_attn/c_proj around a kNN-augmented attention
+                                 # or a kind's own in its place (`MemoryRead.block_attention`: `memorizing`)
     h = memory_attention(h, ...) # Memoria only: + WM residual, + M_rem residual
     h = h + mlp(ln_2(h))         # HF's GPT2MLP
 
@@ -24,13 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
 from .config import MemoriaGPT2Config
-from .knn_attention import KNNAttention, KNNSlots
 from .memory_attention import MemoryAttention, MemoryInputs
 from .recurrent.base import MemoryRead
 from .extended_attention import ExtendedKeyValues
@@ -49,7 +48,8 @@ class BlockInputs:
         collect_queries: return this segment's self-attention queries too (a kind's training loss uses them).
         side: a read whose `side_attention` adds to every block's self-attention output (the
             infinity-former's long-term memory), or None.
-        knn: the kNN memory the `memorizing` block reads (`KNNSlots`), or None.
+        own_attention: the read whose `block_attention` may replace a block's self-attention
+            (`MemoryRead.replaces_attention`), or None.
         engram_slots: the engrams are key/value slots of every block's self-attention
             (Memoria's `memory_read="self_attention"`; their mask is the attention mask's first
             slots), not read by a memory cross-attention.
@@ -61,8 +61,22 @@ class BlockInputs:
     collect_kv: bool
     collect_queries: bool = False
     side: MemoryRead | None = None
-    knn: KNNSlots | None = None
+    own_attention: MemoryRead | None = None
     engram_slots: bool = False
+
+
+class SlotBias(nn.Module):
+    """A block's learned per-head bias on the engram slots' attention logits (`engram_bias`)."""
+
+    def __init__(self, num_heads: int, start: float) -> None:
+        super().__init__()
+        self.start = float(start)
+        self.bias = nn.Parameter(torch.full((num_heads,), self.start))
+
+    @torch.no_grad()
+    def init_memory_weights(self, memory_init: str) -> None:
+        """The model's init (`_init_weights`): the configured start, under either `memory_init`."""
+        self.bias.fill_(self.start)
 
 
 class MemoryBlock(GradientCheckpointingLayer):
@@ -90,11 +104,9 @@ class MemoryBlock(GradientCheckpointingLayer):
             if with_memory_attention
             else None
         )
-        self.knn_attention = (  # the Memorizing Transformer's block only
-            KNNAttention(config.n_head, config.memorizing_topk)
-            if config.resolved_memorizing_layer == layer_idx
-            else None
-        )
+        # `engram_bias` (memory_read="self_attention"): a learned per-head bias on the engram slots' logits
+        self.engram_bias = (SlotBias(config.n_head, config.engram_bias)
+                            if config.memory_type == "memoria" and config.engram_bias is not None else None)
 
     def forward(
         self,
@@ -123,8 +135,12 @@ class MemoryBlock(GradientCheckpointingLayer):
             attention or None; this segment's keys and values (B, H, L, hd) if
             `inputs.collect_kv`, else None.
         """
+        attention_mask = inputs.attention_mask
         if inputs.engram_slots and engrams is not None:  # projected as this block projects its tokens
             memory_keys, memory_values = engram_key_values(block, engrams)
+            if self.engram_bias is not None and attention_mask is not None:
+                attention_mask = biased_slot_mask(attention_mask, self.engram_bias.bias, memory_keys.shape[2],
+                                                  hidden.dtype)
         kv = None
         if inputs.collect_kv or memory_keys is not None or inputs.cache is not None:
             kv = ExtendedKeyValues(memory_keys, memory_values, inputs.cache)
@@ -136,11 +152,13 @@ class MemoryBlock(GradientCheckpointingLayer):
             width = block.attn.split_size
             handle = block.attn.c_attn.register_forward_hook(lambda m, i, out: queries.append(out[..., :width]))
         try:
-            if self.knn_attention is not None and inputs.knn is not None:
+            attn_output = None
+            if inputs.own_attention is not None:  # a kind's attention in place of this block's (`memorizing`)
                 kv = kv if kv is not None else ExtendedKeyValues(None, None, None)
-                attn_output = self.knn_attention(block.attn, block.ln_1(hidden), inputs.knn, inputs.attention_mask, kv)
-            else:
-                attn_output, _ = block.attn(block.ln_1(hidden), attention_mask=inputs.attention_mask,
+                attn_output = inputs.own_attention.block_attention(
+                    self.layer_idx, block.attn, block.ln_1(hidden), inputs.attention_mask, kv)
+            if attn_output is None:
+                attn_output, _ = block.attn(block.ln_1(hidden), attention_mask=attention_mask,
                                             **{ATTENTION_CACHE: kv})
         finally:
             if handle is not None:
@@ -176,6 +194,27 @@ def engram_key_values(block: GPT2Block, engrams: Tensor) -> tuple[Tensor, Tensor
     return tuple(t.view(B, E, -1, attn.head_dim).transpose(1, 2) for t in (keys, values))  # type: ignore[return-value]
 
 
+def biased_slot_mask(mask: Tensor, bias: Tensor, slots: int, dtype: torch.dtype) -> Tensor:
+    """The self-attention mask with a per-head bias on the first `slots` keys (the engram slots).
+
+    Args:
+        mask: (B or 1, 1, Q, K) bool (True = attend; SDPA) or additive float (eager), over
+            [engram slots, decode cache, segment] (`extended_attention.self_attention_mask`).
+        bias: (H,) the block's learned `engram_bias`.
+
+    Returns:
+        (B or 1, H, Q, K) additive float mask in `dtype`: the bias on allowed slot keys, 0 on
+        allowed others, dtype's minimum where `mask` forbids (gradients reach `bias`).
+    """
+    H, K = bias.shape[0], mask.shape[-1]
+    per_key = torch.cat([bias.to(dtype)[:, None].expand(H, slots),
+                         torch.zeros(H, K - slots, dtype=dtype, device=bias.device)], dim=1)  # (H, K)
+    add = per_key[None, :, None, :]  # (1, H, 1, K)
+    if mask.dtype == torch.bool:
+        return torch.where(mask, add, torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=mask.device))
+    return (mask + add).clamp(min=torch.finfo(dtype).min)
+
+
 def reminded_contribution(block: GPT2Block, queries: Tensor, keys: Tensor, mem: MemoryInputs) -> Tensor | None:
     """(B, R) fp32 mean attention probability each reminded engram gets from the segment's queries
     (B, H, L, hd), over the reminded engrams alone, as the paper's memory attention gives it; no
@@ -195,4 +234,4 @@ def reminded_contribution(block: GPT2Block, queries: Tensor, keys: Tensor, mem: 
     return MemoryAttention.contribution(probs, mem.query_mask)
 
 
-__all__ = ["MemoryBlock", "BlockInputs", "engram_key_values", "reminded_contribution"]
+__all__ = ["MemoryBlock", "BlockInputs", "SlotBias", "biased_slot_mask", "engram_key_values", "reminded_contribution"]

@@ -38,7 +38,6 @@ from .config import MemoriaGPT2Config
 from .extended_attention import self_attention_mask
 from .generation import MemoryGenerationMixin
 from .hf_compat import OUTPUT_CACHE
-from .knn_attention import NOOP_GATE_BIAS, KNNAttention, initial_scale
 from .layer import BlockInputs, MemoryBlock
 from .memory_attention import OutputProjection
 from .recurrent import BlockWrites, MemoryKind, MemoryRead, RecurrentMemory, memory_kind
@@ -130,7 +129,8 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
         gradient, and the rest of the memory learns once it moves). `random`: the paper's
         random init (GPT-2's scheme: N(0, 0.02), residual output projections scaled by
         1/sqrt(2 n_layer)). Abstractor queries are N(0, 1), so that at step 0 each query
-        attends to a different mixture of positions and the first engrams differ.
+        attends to a different mixture of positions and the first engrams differ. A kind's
+        module with an `init_memory_weights(memory_init)` method initialises itself.
         """
         super()._init_weights(module)
         if isinstance(module, Abstractor):
@@ -143,17 +143,13 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
                 init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 init.zeros_(module.bias)
-        elif isinstance(module, KNNAttention):
-            # the cosine scale: QK-norm's log2(k^2 - k) (Henry et al. 2020); the gate: `random`
-            # starts at an even mix (b = 0), `noop` close to the backbone (b = -4, g = 0.018;
-            # exactly the backbone while a row's memory is empty)
-            init.constant_(module.scale, initial_scale(module.topk))
-            init.constant_(module.gate_bias, 0.0 if self.config.memory_init == "random" else NOOP_GATE_BIAS)
+        elif callable(getattr(module, "init_memory_weights", None)):  # a kind's module with an init of its own
+            module.init_memory_weights(self.config.memory_init)
 
     def memory_modules(self) -> list[nn.Module]:
         """The modules the memory adds (abstractor, memory attentions, the kind's `memory_net`); all trainable."""
         mods: list[nn.Module] = [b.memory_attention for b in self.memory_blocks if b.memory_attention is not None]
-        mods += [b.knn_attention for b in self.memory_blocks if b.knn_attention is not None]
+        mods += [b.engram_bias for b in self.memory_blocks if b.engram_bias is not None]
         own = [m for m in (self.abstractor, self.memory_net) if m is not None]
         return own + mods
 
@@ -258,7 +254,7 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             collect_kv=read.collects_kv and not decoding,
             collect_queries=read.collects_queries and not decoding,
             side=read if read.has_side else None,
-            knn=read.knn_memory(),
+            own_attention=read if read.replaces_attention else None,
             engram_slots=read.engram_slots,
         )
         writes = BlockWrites()

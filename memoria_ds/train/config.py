@@ -417,6 +417,11 @@ class KNNLMSection(Section):
         key: `ffn_input` (the last block's FFN input after its layer norm: the paper's) or
             `final_hidden` (after ln_f).
         max_entries: per-stream datastore cap, oldest out; null: unbounded (paper).
+        train_datastore: also search one shared datastore of the training split, read by the
+            model with its memory (the paper's datastore is its training text). Every rank
+            builds the same one before each evaluation, so it costs a pass over that text.
+        train_max_entries: stop reading the training split after this many entries; null: all.
+        train_streams: streams the training split is read with (each carries its memory).
     """
 
     enabled: bool = False
@@ -425,10 +430,17 @@ class KNNLMSection(Section):
     temperature: Number = 1.0
     key: Literal["ffn_input", "final_hidden"] = "ffn_input"
     max_entries: int | None = None
+    train_datastore: bool = False
+    train_max_entries: int | None = None
+    train_streams: int = 8
 
     @model_validator(mode="after")
     def check(self):
         self.settings()  # one place for the checks and their messages
+        if self.train_max_entries is not None and self.train_max_entries < 1:
+            raise ValueError(f"`eval.knn_lm.train_max_entries` must be >= 1 or null (all), got {self.train_max_entries}")
+        if self.train_streams < 1:
+            raise ValueError(f"`eval.knn_lm.train_streams` must be >= 1, got {self.train_streams}")
         return self
 
     def settings(self):
@@ -522,7 +534,9 @@ class RunConfig(Section):
         banks = position_banks(values.get("memory_type", "memoria"), values.get("xl_positions", "shared")) > 1
         positions //= 2 if banks else 1  # MemoriaGPT2Config.xl_positions
         if self.model.from_scratch and self.data.segment_length > positions:
-            half = " (`xl` alternates between two banks: a segment may use half of them)" if banks else ""
+            kind = values.get("memory_type", "memoria")
+            half = (f" (`{kind}` with `xl_positions: alternate` puts the cached segment in the other half of the "
+                    f"positions: a segment may use half of them)" if banks else "")
             raise ValueError(f"`data.segment_length` ({self.data.segment_length}) exceeds the model's positions "
                              f"(`model.settings.n_positions` = {self.model.settings.get('n_positions', 1024)}){half}; "
                              f"raise n_positions or shorten segments")

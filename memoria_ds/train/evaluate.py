@@ -119,7 +119,10 @@ def run(cfg: RunConfig, source: str, out: Path, info, memory: Path | None = None
     from ..eval.gain import memory_gain
     from .build import load_corpora
 
-    corpus = load_corpora(cfg.data, (cfg.eval.split,), info.rank)[cfg.eval.split]
+    knn = cfg.eval.knn_lm
+    splits = (cfg.eval.split, "train") if knn.enabled and knn.train_datastore else (cfg.eval.split,)
+    corpora = load_corpora(cfg.data, tuple(dict.fromkeys(splits)), info.rank)
+    corpus = corpora[cfg.eval.split]
     model = load_model(source, info.device, cfg.optim.precision)
     if cfg.model.compile is not None:  # as training compiles it: in place, one graph per shape
         model.compile(mode=cfg.model.compile, dynamic=False)
@@ -145,6 +148,7 @@ def run(cfg: RunConfig, source: str, out: Path, info, memory: Path | None = None
             model, corpus, data=cfg.data, evaluation=cfg.eval, label=f"{source}@{cfg.eval.split}", rank=info.rank,
             world_size=info.world_size, device=info.device, out_dir=out,
             sorting_batch_size=cfg.optim.micro_batch_size * info.world_size, trace=trace, memory_for=memory_for,
+            train_corpus=corpora.get("train"),
         )
     if info.is_main:
         for r in results:

@@ -215,6 +215,9 @@ def _within_span(policy: ResetPolicy) -> ResetPolicy:
     return dataclasses.replace(policy, every_n_steps=None)
 
 
+STOP_WARN_S = 15.0  # a stop that takes longer is told that the launcher's grace is 30 s
+
+
 def _stop_on_request(ctx: RunContext, state: RunState, writer: MetricsWriter, done: int, window: _Window,
                      stats: list, stop: StopRequest, *, saved: bool, logged: bool) -> None:
     """Every rank agreed to stop after step `done`: log, checkpoint (unless this step just did), raise `Stopped`."""
@@ -224,8 +227,12 @@ def _stop_on_request(ctx: RunContext, state: RunState, writer: MetricsWriter, do
     if not saved:
         state.save(ctx, done)
     writer.close()
+    took = stop.seconds()
+    late = (f" It took {took:.0f} s from the signal: close to the 30 s that the deepspeed launcher and SLURM's "
+            f"default KillWait allow before SIGKILL; ask for the signal earlier (docs/training.md)"
+            if took > STOP_WARN_S else "")
     raise Stopped(f"stopped by {stop.name} after step {done} of {ctx.total_steps}; checkpoint "
-                  f"{ctx.run_dir / 'checkpoints'} holds it: resume with --resume auto (checkpoint.resume=auto)")
+                  f"{ctx.run_dir / 'checkpoints'} holds it: resume with --resume auto (checkpoint.resume=auto).{late}")
 
 
 def _already_done(ctx: RunContext) -> dict[str, Any]:
@@ -302,6 +309,7 @@ def evaluate(ctx: RunContext, state: RunState, writer: MetricsWriter, step: int)
                else f"{cfg.model.backbone}:{cfg.model.preset}@step_{step:08d}"),
         sorting_batch_size=ctx.num_streams,
         trace=functools.partial(_trace, ctx) if step == ctx.total_steps else None,
+        train_corpus=ctx.corpora.get("train"),
     )
     for result in results:
         line, values = describe(result)

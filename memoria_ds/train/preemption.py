@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -41,6 +42,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signal: int | None = None
+        self.since: float | None = None  # time.monotonic() when this rank learnt of the request
         self._group = None
         self._previous: dict[int, object] = {}
 
@@ -59,6 +61,7 @@ class StopRequest:
     def _handle(self, signum, frame) -> None:
         if self.signal is None:
             self.signal = signum
+            self.since = time.monotonic()
 
     def agreed(self) -> bool:
         """Whether any rank was asked to stop (a collective when several ranks run)."""
@@ -67,7 +70,13 @@ class StopRequest:
         flag = torch.tensor([self.signal or 0], dtype=torch.int64)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
         self.signal = self.signal or int(flag.item()) or None  # a CPU tensor: no device sync
+        if self.signal is not None and self.since is None:
+            self.since = time.monotonic()
         return self.signal is not None
+
+    def seconds(self) -> float:
+        """Seconds since this rank learnt of the request (0 if it was not asked)."""
+        return time.monotonic() - self.since if self.since is not None else 0.0
 
     @property
     def name(self) -> str:

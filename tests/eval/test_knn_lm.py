@@ -332,3 +332,39 @@ def test_run_config_key_turns_it_on(setup) -> None:
                        (["eval.knn_lm.enabled=true", "data.corpus=sorting"], "sorting")):
         with pytest.raises(ConfigError, match=match):
             load(RunConfig, None, bad)
+
+
+def test_run_config_builds_the_training_text_datastore(setup) -> None:
+    """`eval.knn_lm.train_datastore`: the shared store is the training split read with
+    `train_streams` streams and the evaluation's reset, capped at `train_max_entries`."""
+    from memoria_ds.eval.configured import evaluate_split
+    from memoria_ds.train.config import RunConfig
+    from memoria_ds.train.parse import ConfigError, load
+
+    path, corpus = setup
+    g = torch.Generator().manual_seed(7)
+    train = TokenCorpus.from_token_lists([corpus.tokens[:40].tolist(), torch.randint(0, 257, (50,), generator=g).tolist()],
+                                         metadata={"corpus": "toy", "split": "train"})
+    model = build_model(path, "xl")
+    settings = KNNLMSettings(k=8, lmbda=0.3)
+    for cap in (None, 37):
+        overrides = ["eval.knn_lm.enabled=true", "eval.knn_lm.k=8", "eval.knn_lm.lmbda=0.3", "data.segment_length=16",
+                     "eval.protocols=[full]", "eval.knn_lm.train_datastore=true", "eval.knn_lm.train_streams=2"]
+        cfg = load(RunConfig, None, overrides + ([f"eval.knn_lm.train_max_entries={cap}"] if cap else []))
+        (got,) = evaluate_split(model, corpus, data=cfg.data, evaluation=cfg.eval, label="m", rank=0, world_size=1,
+                                device=torch.device("cpu"), out_dir=None, sorting_batch_size=1, train_corpus=train)
+        # the same store built by hand: 2 streams over the training split, reset at each document start
+        streams = TokenStreams(train, num_streams=2, segment_length=16, tail="pad")
+        reset = full_protocol(16, 2, cfg.eval.reset).reset
+        store = build_datastore(model, streams, settings, reset=reset, device=torch.device("cpu"), max_entries=cap)
+        assert store.size == (cap or train.num_tokens - 1)  # every token but the split's last has a next one
+        direct = evaluate_lm(model, corpus, full_protocol(16, 1), progress=False, knn=settings, knn_store=store)
+        assert got.nll_sum == pytest.approx(direct.nll_sum, rel=1e-6)
+        assert got.knn_lm["datastore"] == "stream+shared" and got.knn_lm["shared_entries"] == store.size
+    with pytest.raises(ValueError, match="needs the training split"):
+        evaluate_split(model, corpus, data=cfg.data, evaluation=cfg.eval, label="m", rank=0, world_size=1,
+                       device=torch.device("cpu"), out_dir=None, sorting_batch_size=1)
+    for bad, match in ((["eval.knn_lm.train_max_entries=0"], "train_max_entries"),
+                       (["eval.knn_lm.train_streams=0"], "train_streams")):
+        with pytest.raises(ConfigError, match=match):
+            load(RunConfig, None, bad)

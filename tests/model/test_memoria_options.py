@@ -71,13 +71,14 @@ def _slot_model(make_model, **settings):
     return model
 
 
-def _reference_logits(model, input_ids, engrams, slot_mask):
+def _reference_logits(model, input_ids, engrams, slot_mask, biases=None):
     """A GPT-2 forward written out by hand, every block's keys/values preceded by the engrams'
-    (projected by that block), the engram slots masked per row, the tokens causal."""
+    (projected by that block), the engram slots masked per row, the tokens causal; with
+    `biases` (per block, (H,)), each head's engram-slot logits raised by its bias."""
     t = model.transformer
     B, L = input_ids.shape
     h = t.wte(input_ids) + t.wpe(torch.arange(L)[None])
-    for block in t.h:
+    for i, block in enumerate(t.h):
         attn, H = block.attn, block.attn.num_heads
         hd = attn.head_dim
 
@@ -89,6 +90,10 @@ def _reference_logits(model, input_ids, engrams, slot_mask):
         q, k, v, ek, ev = map(heads, (q, k, v, ek, ev))
         keys, values = torch.cat([ek, k], 2), torch.cat([ev, v], 2)
         scores = q @ keys.transpose(-1, -2) / math.sqrt(hd)  # (B, H, L, E + L)
+        if biases is not None:
+            E = ek.shape[2]
+            for head in range(H):
+                scores[:, head, :, :E] += float(biases[i][head])
         allowed = torch.cat([slot_mask[:, None, :].expand(B, L, -1), torch.ones(L, L).tril().bool()[None].expand(B, -1, -1)], 2)
         scores = scores.masked_fill(~allowed[:, None], float("-inf"))
         out = (scores.softmax(-1) @ values).transpose(1, 2).reshape(B, L, -1)
@@ -192,7 +197,66 @@ def test_the_engram_loss_joins_the_training_loss_only(make_model):
     assert plain.config.engram_loss == 0.0 and plain.config.memory_read == "cross_attention"
 
 
+# ---------------------------------------------------------------------- engram_bias
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_engram_bias_computes_the_hand_written_forward(make_model, attn):
+    model = _slot_model(make_model, engram_bias=-4.0, attn_implementation=attn)
+    biases = [b.engram_bias.bias for b in model.memory_blocks]
+    assert all(torch.equal(b.data, torch.full((model.config.n_head,), -4.0)) for b in biases)  # the stated start
+    with torch.no_grad():  # distinct values per block and head, so a broadcast error shows
+        for i, b in enumerate(biases):
+            b.copy_(torch.arange(b.numel(), dtype=torch.float32) * 0.7 - 1.5 - i)
+    segs = segments(batch=3, length=10, count=4)
+    with torch.no_grad():
+        _, memory = run_stream(model, segs[:3])
+        reset = torch.tensor([False, True, False])
+        probe = memory.clone()
+        probe.reset(reset)
+        read, _ = model.memory_kind.read(probe, torch.float32, model.abstractor)
+        expected = _reference_logits(model, segs[3], read.engrams, read.slot_mask, biases=[b.data for b in biases])
+        got = model(segs[3], memory=memory, reset=reset).logits
+        unbiased = _reference_logits(model, segs[3], read.engrams, read.slot_mask)
+    assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
+    assert not torch.allclose(got, unbiased, atol=1e-3)
+
+
+def test_engram_bias_zero_is_no_bias_and_a_segment_without_memory_is_the_backbone(make_model, backbone_config):
+    plain_slots = _slot_model(make_model)
+    zero = _slot_model(make_model, engram_bias=0.0)
+    zero.load_state_dict(plain_slots.state_dict(), strict=False)
+    segs = segments(batch=2, length=10, count=3)
+    with torch.no_grad():
+        a, _ = run_stream(plain_slots, segs)
+        b, _ = run_stream(zero, segs)
+        for x, y in zip(a, b):
+            assert torch.allclose(x.logits, y.logits, atol=1e-5)
+        backbone = GPT2LMHeadModel(backbone_config).eval()
+        backbone.load_state_dict({k: v for k, v in zero.state_dict().items() if k in backbone.state_dict()})
+        assert torch.allclose(zero(segs[0]).logits, backbone(segs[0]).logits, atol=1e-6)
+
+
+def test_engram_bias_learns_and_is_a_memory_weight(make_model, tmp_path):
+    model = _slot_model(make_model, engram_bias=-2.0).train()
+    slot_biases = [b.engram_bias for b in model.memory_blocks]
+    assert all(m in model.memory_modules() for m in slot_biases)  # trainable under LoRA, in the memory's group
+    memory = None
+    for x in segments(batch=2, length=8, count=2):
+        memory = model(x, memory=memory).memory
+    x = segments(batch=2, length=8, count=1, seed=4)[0]
+    model(x, labels=x, memory=memory).loss.backward()
+    assert all(m.bias.grad is not None and m.bias.grad.abs().sum() > 0 for m in slot_biases)
+    model.eval()
+    with torch.no_grad():
+        slot_biases[0].bias.add_(1.0)
+    model.save_pretrained(tmp_path)
+    again = type(model).from_pretrained(tmp_path).eval()
+    assert again.config.engram_bias == -2.0
+    assert torch.equal(again.memory_blocks[0].engram_bias.bias, slot_biases[0].bias)
+
+
 @pytest.mark.parametrize("settings,says", [
+    ({"engram_bias": -4.0}, "`engram_bias` biases the engram slots of `memory_read='self_attention'`"),
+    ({"memory_read": "self_attention", "engram_bias": float("inf")}, "`engram_bias` (inf) must be a finite number"),
     ({"memory_read": "both"}, "`memory_read` must be one of"),
     ({"memory_read": "self_attention", "memory_layers": [0]}, "leave `memory_layers` unset"),
     ({"engram_loss": -1.0}, "`engram_loss` (-1.0) must be a finite weight >= 0"),

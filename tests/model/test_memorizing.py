@@ -24,11 +24,11 @@ from memoria_ds.model.knn_attention import KNNSlots, initial_scale, knn_retrieve
 # ---------------------------------------------------------------------- the slow reference
 def reference_stream(model, segs, resets=None):
     """Logits of every segment, the paper's equations one query at a time over Python lists."""
-    cfg = model.config
-    layer, size, topk = cfg.resolved_memorizing_layer, cfg.memorizing_size, cfg.memorizing_topk
+    cfg, kind = model.config, model.memory_kind
+    layer, size, topk = kind.layer, kind.settings.size, kind.settings.topk
     H = cfg.n_head
     hd = cfg.n_embd // H
-    knn = model.memory_blocks[layer].knn_attention
+    knn = model.memory_net
     B = segs[0].shape[0]
     store = [[[] for _ in range(H)] for _ in range(B)]  # per row, per head: [(unit key, value)]
     out = []
@@ -72,10 +72,9 @@ def reference_stream(model, segs, resets=None):
     return out
 
 
-@pytest.mark.parametrize("settings", [dict(memorizing_size=20, memorizing_topk=4),
-                                      dict(memorizing_size=100, memorizing_topk=32, memorizing_layer=0)])
+@pytest.mark.parametrize("settings", [dict(size=20, topk=4), dict(size=100, topk=32, layer=0)])
 def test_model_matches_the_slow_reference(make_model, settings):
-    model = make_model("memorizing", memory_init="random", **settings)
+    model = make_model("memorizing", memory_init="random", memory_settings=settings)
     segs = segments(count=4)
     resets = [[True] * 3, [False] * 3, [False, True, False], [False] * 3]
     with torch.no_grad():
@@ -87,7 +86,7 @@ def test_model_matches_the_slow_reference(make_model, settings):
     want = reference_stream(model, segs, resets)
     for t, (a, b) in enumerate(zip(got, want)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=f"segment {t}")
-    assert memory.length == settings["memorizing_size"] if settings["memorizing_size"] < 48 else memory.length == 48
+    assert memory.length == settings["size"] if settings["size"] < 48 else memory.length == 48
 
 
 def test_retrieval_matches_a_loop_over_slots():
@@ -112,9 +111,9 @@ def test_retrieval_matches_a_loop_over_slots():
 
 # ---------------------------------------------------------------------- the memory
 def test_memory_keeps_the_newest_normalised_pairs(make_model):
-    model = make_model("memorizing", memory_init="random", memorizing_size=30)
+    model = make_model("memorizing", memory_init="random", memory_settings={"size": 30})
     segs = segments(count=4)  # 48 tokens: the first 18 fall out
-    layer = model.config.resolved_memorizing_layer
+    layer = model.memory_kind.layer
     keys, values = [], []
     with torch.no_grad():
         memory = None
@@ -167,19 +166,20 @@ def test_no_gradient_flows_into_the_memory_but_into_the_gate_and_queries(make_mo
         assert not memory.keys.requires_grad and not memory.values.requires_grad
     model.zero_grad()
     model(segments(count=1, seed=5)[0], labels=segments(count=1, seed=5)[0], memory=memory).loss.backward()
-    knn = model.memory_blocks[model.config.resolved_memorizing_layer].knn_attention
+    knn = model.memory_net
     assert knn.gate_bias.grad.abs().min() > 0 and knn.scale.grad.abs().min() > 0
 
 
 # ---------------------------------------------------------------------- initialisation and config
 @pytest.mark.parametrize("init,bias", [("noop", -4.0), ("random", 0.0)])
 def test_stated_initialisation_and_a_first_segment_that_is_the_backbone(make_model, init, bias):
-    model = make_model("memorizing", memory_init=init, memorizing_topk=32)
+    model = make_model("memorizing", memory_init=init, memory_settings={"topk": 32})
     backbone = make_model("transformer")
     backbone.load_state_dict(model.state_dict(), strict=False)
-    knn = model.memory_blocks[1].knn_attention  # round(0.75 * 2) - 1: the top block of 2
-    assert [n for n, _ in model.named_parameters() if "knn" in n] == [
-        "memory_blocks.1.knn_attention.gate_bias", "memory_blocks.1.knn_attention.scale"]
+    assert model.memory_kind.layer == 1  # round(0.75 * 2) - 1: the top block of 2
+    knn = model.memory_net
+    assert [n for n, _ in model.named_parameters() if n.startswith("memory")] == [
+        "memory_net.gate_bias", "memory_net.scale"]  # the kind's only weights
     assert torch.equal(knn.gate_bias.data, torch.full((4,), bias))
     assert torch.equal(knn.scale.data, torch.full((4,), math.log2(32 * 31)))
     assert initial_scale(1) == 1.0
@@ -191,18 +191,20 @@ def test_stated_initialisation_and_a_first_segment_that_is_the_backbone(make_mod
 
 
 def test_layer_defaults_and_validation(backbone_config):
-    assert MemoriaGPT2Config.from_backbone(backbone_config, "memorizing").resolved_memorizing_layer == 1
-    twelve = backbone_config.to_dict() | {"n_layer": 12}
     from transformers import GPT2Config
 
+    from memoria_ds.model.recurrent import memory_kind
+
+    assert memory_kind(MemoriaGPT2Config.from_backbone(backbone_config, "memorizing")).layer == 1
+    twelve = backbone_config.to_dict() | {"n_layer": 12}
     cfg = MemoriaGPT2Config.from_backbone(GPT2Config(**twelve), "memorizing")
-    assert cfg.resolved_memorizing_layer == 8  # the paper's 9th of 12
-    assert (cfg.memorizing_size, cfg.memorizing_topk) == (8192, 32)
-    assert MemoriaGPT2Config.from_backbone(backbone_config, "xl").resolved_memorizing_layer is None
-    for bad, match in ((dict(memorizing_layer=2), "memorizing_layer"), (dict(memorizing_size=0), "memorizing_size"),
-                       (dict(memorizing_topk=0), "memorizing_topk")):
+    assert memory_kind(cfg).layer == 8  # the paper's 9th of 12
+    assert cfg.memory_settings == {"layer": None, "size": 8192, "topk": 32}  # resolved, so config.json is explicit
+    for bad, match in (({"layer": 2}, r"memorizing `layer` \(2\) must be a block index in \[0, 2\)"),
+                       ({"layer": -1}, "memorizing `layer`"), ({"size": 0}, "memorizing `size`"),
+                       ({"topk": 0}, "memorizing `topk`"), ({"k": 3}, r"unknown memorizing setting\(s\) \['k'\]")):
         with pytest.raises(Exception, match=match):  # HF's strict-dataclass error, caused by a ValueError
-            MemoriaGPT2Config.from_backbone(backbone_config, "memorizing", **bad)
+            MemoriaGPT2Config.from_backbone(backbone_config, "memorizing", memory_settings=bad)
 
 
 def test_state_dict_refuses_another_kind_or_shape(make_model):
@@ -225,7 +227,7 @@ def test_state_dict_refuses_another_kind_or_shape(make_model):
 def test_save_and_load_keep_the_knn_parameters(make_model, tmp_path):
     model = make_model("memorizing", memory_init="random")
     with torch.no_grad():
-        model.memory_blocks[1].knn_attention.gate_bias.add_(torch.arange(4.0))
+        model.memory_net.gate_bias.add_(torch.arange(4.0))
     model.save_pretrained(tmp_path)
     from memoria_ds.model import MemoriaGPT2LMHeadModel
 

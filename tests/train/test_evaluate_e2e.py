@@ -243,3 +243,21 @@ def test_a_sharded_model_with_a_shard_missing_is_named(tmp_path):
     shards[-1].unlink()
     with pytest.raises(ConfigError, match=f"missing the weight file\\(s\\) \\['{shards[-1].name}'\\]"):
         check_saved_model(tmp_path)
+
+
+def test_knn_lm_with_the_training_text_in_training_and_in_evaluate_on_one_or_two_ranks(tmp_path):
+    """`eval.knn_lm.train_datastore=true`: the training loop and launch/evaluate.py both search the
+    training split's datastore; two ranks build the same one and score as one process does."""
+    run = tmp_path / "run"
+    knn = ["eval.knn_lm.enabled=true", "eval.knn_lm.k=16", "eval.knn_lm.train_datastore=true",
+           "eval.knn_lm.train_max_entries=300", "eval.protocols=[full]", "eval.num_streams=2"]
+    check(run_training(run, "checkpoint.export=true", *knn))
+    (trained,) = read_results(sorted((run / "eval").glob("step_*.json"))[-1])
+    assert trained.knn_lm["datastore"] == "stream+shared" and trained.knn_lm["shared_entries"] == 300
+    assert trained.nll != trained.knn_lm["lm_nll"]
+    outs = {ranks: tmp_path / f"eval{ranks}" for ranks in (1, 2)}
+    for ranks, out in outs.items():
+        check(evaluate(str(run), *knn, "--out", str(out), ranks=ranks))
+    (one,), (two,) = (read_results(out / "validation_full.json") for out in outs.values())
+    assert one.knn_lm["shared_entries"] == two.knn_lm["shared_entries"] == 300 and two.world_size == 2
+    assert abs(one.nll - two.nll) < 1e-5 and abs(one.nll - trained.nll) < 1e-5

@@ -14,7 +14,7 @@ from .launch_util import ROOT, check, losses_by_step, metrics, run_training
 # 2 layers (the kNN block is the top one), a memory of 24 pairs: 16-token segments push the oldest out
 MEMORIZING = ("model.preset=memorizing",
               "model.settings={n_layer: 2, n_embd: 32, n_head: 2, n_positions: 64, resid_pdrop: 0.0, "
-              "embd_pdrop: 0.0, attn_pdrop: 0.0, memory_init: random, memorizing_size: 24, memorizing_topk: 4}")
+              "embd_pdrop: 0.0, attn_pdrop: 0.0, memory_init: random, memory_settings: {size: 24, topk: 4}}")
 
 
 def _memory(ckpt, rank):
@@ -54,7 +54,7 @@ def test_zero3_lora_trains_the_knn_gate(tmp_path):
     run = tmp_path / "run"
     check(run_training(
         run, "model.preset=memorizing", f"model.backbone={backbone}", "model.from_scratch=false",
-        "model.settings={memorizing_size: 24, memorizing_topk: 4}", "lora.enabled=true", "lora.r=4",
+        "model.settings={memory_settings: {size: 24, topk: 4}}", "lora.enabled=true", "lora.r=4",
         f"deepspeed={ROOT / 'ds_configs' / 'cpu_zero3.json'}", "optim.max_steps=3", "checkpoint.export=true",
         "checkpoint.merge_lora=true", "eval.at_end=false", ranks=2,
     ))
@@ -62,7 +62,7 @@ def test_zero3_lora_trains_the_knn_gate(tmp_path):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(run / "export")
-    gate = model.memory_blocks[1].knn_attention.gate_bias
+    gate = model.memory_net.gate_bias
     assert not torch.equal(gate, torch.full_like(gate, -4.0)), "the gate (a memory module) was trained"
     losses = [r["loss"] for r in metrics(run)]
     assert len(losses) == 3 and all(x == x for x in losses)

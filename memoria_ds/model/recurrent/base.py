@@ -32,7 +32,7 @@ Notation: B rows, L tokens, D width, M cached slots, H heads, hd head width.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 import torch
@@ -69,6 +69,7 @@ class MemoryRead:
     collects_queries: ClassVar[bool] = False
     engram_slots: ClassVar[bool] = False  # `engrams` are key/value slots of every block's self-attention
     has_side: ClassVar[bool] = False  # `side_attention` adds to every block's self-attention output
+    replaces_attention: ClassVar[bool] = False  # `block_attention` may replace a block's self-attention
 
     def positions(self, positions: Tensor) -> Tensor:
         """The absolute positions to embed, given the segment's (1, L) positions."""
@@ -95,8 +96,20 @@ class MemoryRead:
         """
         raise NotImplementedError
 
-    def knn_memory(self) -> Any | None:
-        """The kNN memory one block's attention also reads (`memorizing`: a `KNNSlots`), or None."""
+    def block_attention(self, layer: int, attn: Any, hidden: Tensor, attention_mask: Tensor | None,
+                        kv: Any) -> Tensor | None:
+        """A self-attention of the kind's own in place of block `layer`'s (when `replaces_attention`),
+        or None where the block's own runs (e.g. `memorizing`: its one kNN-augmented block).
+
+        Args:
+            attn: the block's HF `GPT2Attention` (its projections are to be used, so LoRA and
+                ZeRO-3 see them). hidden: (B, L, D) its `ln_1` output. attention_mask: the
+                self-attention mask. kv: the block's `ExtendedKeyValues` (decode cache, and
+                this segment's keys/values kept for the write).
+
+        Returns:
+            (B, L, D) the attention's output after `c_proj` and dropout, or None.
+        """
         return None
 
     def take_rows(self, rows: Tensor | list[int]) -> MemoryRead:
@@ -143,6 +156,25 @@ class BlockWrites:
             self.side.append(side)
 
 
+class KindSettings:
+    """Base of a kind's `settings_class` (a frozen dataclass of its settings, checked in its
+    `__post_init__`): `from_dict` refuses unknown names, naming the known ones; `to_dict` gives
+    every setting, resolved. Subclasses set `kind` (the name in messages)."""
+
+    kind: ClassVar[str] = "memory"
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Any:
+        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown {cls.kind} setting(s) {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+
 class MemoryKind:
     """Base of the kinds. Subclasses set `name` and `memory_class` and implement
     `empty`, `read` and `write`; `prepare` and `frozen_read` are shared. A kind with
@@ -161,7 +193,8 @@ class MemoryKind:
     # `optim.bptt_segments` > 1); False: the kind detaches what it carries
     trains_across_segments: ClassVar[bool] = False
     # parses the config's `memory_settings` dict: `settings_class.from_dict(d)` (raises ValueError on a bad
-    # value, naming it) and `.to_dict()` (every setting, resolved); None: the kind takes no settings
+    # value, naming it) and `.to_dict()` (every setting, resolved); None: the kind takes no settings.
+    # An optional `.check_model(config)` refuses settings that do not fit the model (the config calls it)
     settings_class: ClassVar[Any] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -28,20 +28,20 @@ Notation: B rows, Y layers, H heads, M memory slots, C compressed slots, L segme
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from ...rows import BatchRows, rows_field
-from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead, check_format
+from .base import FORMAT, BlockWrites, KindSettings, MemoryKind, check_format
 from .compression import COMPRESSIONS, CompressionNet, pad_to_rate, reconstruction_error
-from .xl import roll_memory
+from .xl import XLRead, roll_memory
 
 
 @dataclass(frozen=True)
-class CompressiveSettings:
+class CompressiveSettings(KindSettings):
     """The Compressive Transformer's settings (sources in docs/baselines.md).
 
     Attributes:
@@ -53,6 +53,8 @@ class CompressiveSettings:
         compression: `"conv"` (Rae et al.'s best, the authors' code), `"mean"` or `"max"`.
         reconstruction_weight: weight of the attention-reconstruction loss (1.0: the authors' configs).
     """
+
+    kind: ClassVar[str] = "compressive"
 
     memory_length: int | None = None
     compressed_length: int | None = None
@@ -71,17 +73,6 @@ class CompressiveSettings:
             raise ValueError(f"compressive `compression` must be one of {COMPRESSIONS}, got {self.compression!r}")
         if not self.reconstruction_weight >= 0:
             raise ValueError(f"compressive `reconstruction_weight` ({self.reconstruction_weight!r}) must be >= 0")
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> CompressiveSettings:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown compressive setting(s) {unknown}; known: {sorted(known)}")
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def lengths(self, segment_length: int) -> tuple[int, int]:
         """(M, C) for segments of `segment_length` tokens."""
@@ -161,31 +152,12 @@ class CompressiveMemory(BatchRows):
 
 
 @dataclass
-class CompressiveRead(BatchRows, MemoryRead):
-    """The blocks' view: every layer's [compressed memory, memory] and the positions to embed at.
+class CompressiveRead(XLRead):
+    """The blocks' view: every layer's [compressed memory, memory] read as `xl`'s cache is
+    (keys / values (B, Y, H, C + M, hd), slot_mask (B, C + M)), and each layer's queries
+    collected for the reconstruction loss."""
 
-    Attributes:
-        keys / values: (B, Y, H, C + M, hd). slot_mask: (B, C + M) bool.
-        position_offset: (B,) int64 bank offset, or None (one bank).
-    """
-
-    keys: Tensor
-    values: Tensor
-    slot_mask: Tensor
-    position_offset: Tensor | None = None
-    engrams: ClassVar[None] = None
-    collects_kv: ClassVar[bool] = True
     collects_queries: ClassVar[bool] = True
-
-    def positions(self, positions: Tensor) -> Tensor:
-        if self.position_offset is None:
-            return positions
-        return positions + self.position_offset[:, None]  # (B, L)
-
-    def layer_kv(self, layer: int) -> tuple[Tensor | None, Tensor | None]:
-        if not self.slot_mask.shape[1]:
-            return None, None
-        return self.keys[:, layer], self.values[:, layer]  # (B, H, C + M, hd)
 
 
 @dataclass

@@ -28,7 +28,7 @@ H heads, hd head width, L tokens of the segment, D width, K bins.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import torch
@@ -38,13 +38,13 @@ from torch import Tensor, nn
 from ...rows import BatchRows, rows_field
 from ..memory_attention import OutputProjection
 from . import continuous
-from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead, check_format
+from .base import FORMAT, BlockWrites, KindSettings, MemoryKind, MemoryRead, check_format
 
 MASKS = ("cnn", "none")
 
 
 @dataclass(frozen=True)
-class InfinitySettings:
+class InfinitySettings(KindSettings):
     """The infinity-former's settings (the authors' `infinity-gpt2*.json`; sources in docs/baselines.md).
 
     Attributes:
@@ -57,6 +57,8 @@ class InfinitySettings:
         kl_weight: weight of the KL regulariser (1e-6); 0 = none.
         mu_0 / sigma_0: the regulariser's Gaussian (-1.0 / 0.05: with mu_0 <= 0 the mean is regularised too).
     """
+
+    kind: ClassVar[str] = "infinity"
 
     num_basis: int | None = None
     num_samples: int | None = None
@@ -84,17 +86,6 @@ class InfinitySettings:
                              f"({self.sigma_0!r}) > 0")
         if not isinstance(self.sticky, bool):
             raise ValueError(f"infinity `sticky` must be true or false, got {self.sticky!r}")
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> InfinitySettings:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown infinity setting(s) {unknown}; known: {sorted(known)}")
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def sizes(self, segment_length: int | None) -> tuple[int, int]:
         """(N, S), N rounded up to even (two widths per centre)."""

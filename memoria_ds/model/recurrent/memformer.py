@@ -25,7 +25,7 @@ Notation: B rows, Y layers, k slots, L tokens of the segment, D width, H heads, 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -34,11 +34,11 @@ from torch import Tensor, nn
 
 from ...rows import BatchRows, rows_field
 from ..memory_attention import OutputProjection
-from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead, check_format
+from .base import FORMAT, BlockWrites, KindSettings, MemoryKind, MemoryRead, check_format
 
 
 @dataclass(frozen=True)
-class MemformerSettings:
+class MemformerSettings(KindSettings):
     """Memformer's settings (sources in docs/field_memories.md).
 
     Attributes:
@@ -46,6 +46,7 @@ class MemformerSettings:
         temperature: tau < 1 of the memory writer's slot attention (sharpens it; 0.5).
     """
 
+    kind: ClassVar[str] = "memformer"
     num_slots: int = 1024
     temperature: float = 0.5
 
@@ -54,17 +55,6 @@ class MemformerSettings:
             raise ValueError(f"memformer `num_slots` ({self.num_slots!r}) must be an integer >= 1")
         if not (isinstance(self.temperature, (int, float)) and 0 < self.temperature < float("inf")):
             raise ValueError(f"memformer `temperature` ({self.temperature!r}) must be a number > 0")
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> MemformerSettings:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown memformer setting(s) {unknown}; known: {sorted(known)}")
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def heads(x: Tensor, num_heads: int) -> Tensor:

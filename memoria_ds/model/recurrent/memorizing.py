@@ -1,11 +1,12 @@
 """`memorizing`: the Memorizing Transformer's kNN memory (Wu et al., 2022) for an unmodified GPT-2.
 
-One block (`MemoriaGPT2Config.memorizing_layer`) gets a kNN-augmented self-attention
-(`model/knn_attention.py`): its queries also attend to the top-k (key, value) pairs of a
+One block (the setting `layer` of `memory_settings`) gets a kNN-augmented self-attention
+(`model/knn_attention.py`, the kind's `memory_net`, in place of that block's own through
+`MemoryRead.block_attention`): its queries also attend to the top-k (key, value) pairs of a
 per-stream memory of that layer's past segments, mixed with the local attention by a
 learned per-head gate. After every segment the write appends the segment's (L2-normalised
 key, value) pairs of that layer to the memory (detached: no gradient flows into the
-memory), keeping the newest `memorizing_size` (a FIFO, oldest out). A reset (a document
+memory), keeping the newest `size` (a FIFO, oldest out). A reset (a document
 start) empties a row, as the paper clears the memory of each new document.
 
 The paper pairs the memory with a Transformer-XL cache in every layer or uses none (it
@@ -25,8 +26,49 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...rows import BatchRows, rows_field
-from ..knn_attention import KNNSlots
-from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead, check_format
+from ..knn_attention import KNNAttention, KNNSlots
+from .base import FORMAT, BlockWrites, KindSettings, MemoryKind, MemoryRead, check_format
+
+
+@dataclass(frozen=True)
+class MemorizingSettings(KindSettings):
+    """The Memorizing Transformer's settings (`memory_settings`; sources in docs/field_memories.md).
+
+    Attributes:
+        layer: the block (0-based) with the kNN-augmented attention; None = round(0.75 n_layer) - 1
+            (the paper's 9th of 12 layers).
+        size: (key, value) pairs the kNN memory keeps per stream, oldest out (8192: the paper's
+            smallest main memory).
+        topk: neighbours each query retrieves (the paper: 32).
+    """
+
+    kind: ClassVar[str] = "memorizing"
+
+    layer: int | None = None
+    size: int = 8192
+    topk: int = 32
+
+    def __post_init__(self) -> None:
+        if self.layer is not None and (not isinstance(self.layer, int) or self.layer < 0):
+            raise ValueError(f"memorizing `layer` ({self.layer!r}) must be a block index >= 0, or None for the "
+                             f"block at three quarters of the depth")
+        for name in ("size", "topk"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"memorizing `{name}` ({value!r}) must be an integer >= 1")
+
+    def check_model(self, config: Any) -> None:
+        """Raise ValueError if the settings do not fit the model (the config's validation calls it)."""
+        self.resolved_layer(config.n_layer)
+
+    def resolved_layer(self, n_layer: int) -> int:
+        """The memory block of a model of `n_layer` blocks (ValueError if there is no such block)."""
+        if self.layer is None:
+            return max(0, round(0.75 * n_layer) - 1)
+        if self.layer >= n_layer:
+            raise ValueError(f"memorizing `layer` ({self.layer}) must be a block index in [0, {n_layer}), "
+                             f"or None for the block at three quarters of the depth")
+        return self.layer
 
 
 @dataclass
@@ -87,21 +129,34 @@ class MemorizingMemory(BatchRows):
 
 @dataclass
 class MemorizingRead(BatchRows, MemoryRead):
-    """The blocks' view of a `MemorizingMemory`: the memory layer's slots (nothing else is read).
+    """The blocks' view of a `MemorizingMemory`: the memory layer's slots, read by that block's
+    kNN-augmented attention in place of its own (nothing else is read).
 
     Attributes:
         keys / values: (B, H, M, hd) float32. mask: (B, M) bool.
+        attention: the kind's `KNNAttention` (the model's `memory_net`). layer: its block.
     """
 
     keys: Tensor
     values: Tensor
     mask: Tensor
+    attention: KNNAttention | None = rows_field(rows=False, default=None)
+    layer: int = rows_field(rows=False, default=-1)
     engrams: ClassVar[None] = None
     slot_mask: ClassVar[None] = None
     collects_kv: ClassVar[bool] = True
+    replaces_attention: ClassVar[bool] = True
 
-    def knn_memory(self) -> KNNSlots:
-        return KNNSlots(self.keys, self.values, self.mask)
+    def _map(self, fn) -> MemorizingRead:  # row operations keep the attention and its block
+        out = BatchRows._map(self, fn)
+        out.attention, out.layer = self.attention, self.layer
+        return out
+
+    def block_attention(self, layer: int, attn: Any, hidden: Tensor, attention_mask: Tensor | None,
+                        kv: Any) -> Tensor | None:
+        if layer != self.layer or self.attention is None:
+            return None
+        return self.attention(attn, hidden, KNNSlots(self.keys, self.values, self.mask), attention_mask, kv)
 
 
 def fifo_append(memory: Tensor, current: Tensor, size: int, dim: int) -> Tensor:
@@ -111,10 +166,19 @@ def fifo_append(memory: Tensor, current: Tensor, size: int, dim: int) -> Tensor:
 
 
 class MemorizingKind(MemoryKind):
-    """A kNN memory of `memorizing_size` past (key, value) pairs at block `memorizing_layer`."""
+    """A kNN memory of `size` past (key, value) pairs at block `layer` (`MemorizingSettings`)."""
 
     name = "memorizing"
     memory_class = MemorizingMemory
+    settings_class = MemorizingSettings
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.layer = self.settings.resolved_layer(config.n_layer)  # checked when the model is built
+
+    def build_module(self) -> KNNAttention:
+        """The memory block's learned per-head gate and cosine scale (`memory_net`)."""
+        return KNNAttention(self.config.n_head, self.settings.topk)
 
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> MemorizingMemory:
         cfg = self.config
@@ -127,16 +191,15 @@ class MemorizingKind(MemoryKind):
             raise ValueError(f"memorizing memory of {memory.keys.shape[1]} heads of width {memory.keys.shape[3]}; "
                              f"this model has {want[0]} of width {want[1]}")
 
-    def read(self, memory: MemorizingMemory, dtype: torch.dtype, abstractor: Any) -> tuple[MemorizingRead, None]:
-        return MemorizingRead(memory.keys, memory.values, memory.mask), None
+    def read(self, memory: MemorizingMemory, dtype: torch.dtype, net: Any) -> tuple[MemorizingRead, None]:
+        return MemorizingRead(memory.keys, memory.values, memory.mask, net, self.layer), None
 
-    def frozen_read(self, memory: MemorizingMemory, dtype: torch.dtype, abstractor: Any) -> MemorizingRead:
-        return self.read(memory, dtype, abstractor)[0]  # reading changes nothing; a write replaces the tensors
+    def frozen_read(self, memory: MemorizingMemory, dtype: torch.dtype, net: Any) -> MemorizingRead:
+        return self.read(memory, dtype, net)[0]  # reading changes nothing; a write replaces the tensors
 
     def write(self, memory: MemorizingMemory, read: MemorizingRead, pending: None, writes: BlockWrites,
               hidden: Tensor, valid: Tensor) -> None:
-        layer = self.config.resolved_memorizing_layer
-        size = self.config.memorizing_size
+        layer, size = self.layer, self.settings.size
         keys = F.normalize(writes.keys[layer].detach().float(), dim=-1)  # (B, H, L, hd)
         values = writes.values[layer].detach().float()
         memory.keys = fifo_append(memory.keys, keys, size, 2)  # (B, H, M, hd)
@@ -145,4 +208,4 @@ class MemorizingKind(MemoryKind):
         return None
 
 
-__all__ = ["MemorizingMemory", "MemorizingRead", "MemorizingKind", "fifo_append"]
+__all__ = ["MemorizingSettings", "MemorizingMemory", "MemorizingRead", "MemorizingKind", "fifo_append"]
