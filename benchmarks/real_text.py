@@ -257,7 +257,9 @@ def optimiser(model, a, knobs):
                 groups.append({**g, "params": ps, "lr": a.lr * scale, "memory": is_mem})
     opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
     # the toolkit's schedules (optim.memory_delay_steps = the knob memory_delay)
-    factors = [delayed_warmup_decay(a.steps, 0.06, int(knobs["memory_delay"]) if g["memory"] else 0) for g in groups]
+    span = getattr(a, "bptt", 1)  # updates: one per span of `--bptt` segments
+    updates, delay = -(-a.steps // span), int(knobs["memory_delay"]) // span
+    factors = [delayed_warmup_decay(updates, 0.06, delay if g["memory"] else 0) for g in groups]
     sched = torch.optim.lr_scheduler.LambdaLR(opt, factors)
     return opt, sched
 
@@ -333,9 +335,15 @@ def curve(losses: list[float], norms: list[tuple[float, float]], residual: list[
     """The training curve in `points` windows: mean loss, mean backbone / memory gradient norms,
     and the mean final-residual norm (over the window's forwards, also unscored ones)."""
     size, per = max(1, len(losses) // points), max(1, len(residual) // max(1, len(losses)))
+    share = len(norms) / max(1, len(losses))  # 1, or 1/K with one update per K losses (`--bptt`)
+
+    def grads(i: int) -> list[tuple[float, float]]:
+        start = int(i * share)
+        return norms[start:max(int((i + size) * share), start + 1)] or [(float("nan"), float("nan"))]
+
     return [{"update": i + size, "loss": statistics.fmean(losses[i:i + size]),
-             "grad_backbone": statistics.fmean(n[0] for n in norms[i:i + size]),
-             "grad_memory": statistics.fmean(n[1] for n in norms[i:i + size]),
+             "grad_backbone": statistics.fmean(n[0] for n in grads(i)),
+             "grad_memory": statistics.fmean(n[1] for n in grads(i)),
              "residual_norm": statistics.fmean(residual[i * per:(i + size) * per] or [float("nan")])}
             for i in range(0, len(losses) - size + 1, size)]  # fmt: skip
 
@@ -365,6 +373,7 @@ def train(spec: str, seed: int, a, corpus: TokenCorpus) -> tuple[torch.nn.Module
     (residual, hook), memory, losses, norms = watch_residual(model), None, [], []
     blocks, handles = watch_blocks(model) if a.trace_blocks else ({}, [])
     batches = iter(streams)
+    span, pending = a.bptt, []
     for step in range(a.steps):
         batch = next(batches, None)
         if batch is None:
@@ -372,7 +381,17 @@ def train(spec: str, seed: int, a, corpus: TokenCorpus) -> tuple[torch.nn.Module
             batch = next(batches)
         out = model(batch.input_ids, shift_labels=batch.targets, memory=memory, reset=policy.reset_mask(batch, step))
         memory = out.memory
-        losses.append(update(out.loss, opt, sched, knobs, a.grad_clip, norms))
+        if span == 1:
+            losses.append(update(out.loss, opt, sched, knobs, a.grad_clip, norms))
+            memory.detach_()  # a kind that keeps its graph (memformer) does not reach the last update
+        else:  # `--bptt K`: one update per K segments on the mean of their losses, the memory carried
+            # with its graph inside the span and detached at its end (as optim.bptt_segments trains)
+            pending.append(out.loss)
+            if len(pending) == span or step == a.steps - 1:
+                update(torch.stack(pending).mean(), opt, sched, knobs, a.grad_clip, norms)
+                losses += [float(x) for x in pending]
+                pending = []
+                memory.detach_()
         if a.trace_blocks and (step + 1) % a.trace_blocks == 0:
             w = block_windows({k: v[-a.trace_blocks:] for k, v in blocks.items()}, a.trace_blocks)[-1]
             print(f"  update {step + 1:5d}  loss {statistics.fmean(losses[-a.trace_blocks:]):.3f}  "
@@ -550,7 +569,7 @@ def check_arguments(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     a.seed_list = arguments.int_list(p, "--seeds", a.seeds, 0)
     a.variant_list = arguments.variants(p, a.variants, parse_variant)
     arguments.at_least(p, a, 1, "steps", "streams", "segment", "layers", "width", "heads", "num_wm", "eval_segments",
-                       "eval_batch", "threads")  # fmt: skip
+                       "eval_batch", "threads", "bptt")  # fmt: skip
     arguments.at_least(p, a, 0, "eval_windows", "trace_blocks", "weight_decay", "grad_clip")
     if not a.lr > 0:
         p.error(f"--lr {a.lr}: must be above 0")
@@ -586,6 +605,9 @@ def main() -> None:
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--reset", default="document_start", help="training reset policy (data.reset)")
+    p.add_argument("--bptt", type=int, default=1,
+                   help="segments per update, the memory's graph kept across them (optim.bptt_segments; "
+                        "memformer's writer trains only with 2 or more); --steps still counts segments")
     p.add_argument("--eval-segments", type=int, default=16, help="segments per held-out document")
     p.add_argument("--eval-windows", type=int, default=64,
                    help="at most this many windows of --eval-segments per held-out text, evenly spread (0: all)")

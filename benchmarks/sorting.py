@@ -84,22 +84,33 @@ def make_model(spec: str, a: argparse.Namespace, seed: int) -> tuple[torch.nn.Mo
 def train(spec: str, seed: int, a: argparse.Namespace, data) -> tuple[torch.nn.Module, list[float], list]:
     streams = ExampleStreams(data, batch_size=a.batch, segment_length=a.segment, shuffle=True, seed=seed,
                              drop_last=True)  # fmt: skip
-    a.steps = a.epochs * streams.num_batches * len(streams.scored_segments)  # updates, for the LR schedule
+    per_example = 1 if a.bptt_example else len(streams.scored_segments)
+    a.steps = a.epochs * streams.num_batches * per_example  # updates, for the LR schedule
     model, knobs = make_model(spec, a, seed)
     model.train()
     opt, sched = optimiser(model, a, knobs)
     policy = ResetPolicy(at_document_start=True)
     (residual, hook), memory, losses, norms = watch_residual(model), None, [], []
+    span: list[torch.Tensor] = []
+    last = streams.segments_per_example - 1
     for epoch in range(a.epochs):
         for step in range(streams.steps_per_epoch):
             batch = streams.batch_at(epoch, step)
             scored = streams.has_targets(step)  # the other segments run forward only, to write the memory
-            with torch.set_grad_enabled(scored):
+            with torch.set_grad_enabled(scored or a.bptt_example):  # `--bptt-example`: the input's writes too
                 out = model(batch.input_ids, shift_labels=batch.targets if scored else None, memory=memory,
                             reset=policy.reset_mask(batch))  # fmt: skip
             memory = out.memory
-            if scored:
+            if scored and not a.bptt_example:
                 losses.append(update(out.loss, opt, sched, knobs, a.grad_clip, norms))
+                memory.detach_()  # a kind that keeps its graph (memformer) does not reach the next update
+            elif scored:
+                span.append(out.loss)
+            if a.bptt_example and step % streams.segments_per_example == last:  # one update per example
+                update(torch.stack(span).mean(), opt, sched, knobs, a.grad_clip, norms)
+                losses += [float(x) for x in span]
+                span = []
+                memory.detach_()
     hook.remove()
     return model, losses, (norms, residual)
 
@@ -140,7 +151,7 @@ def run_one(a: argparse.Namespace, k: int, spec: str, seed: int, seen: list[floa
                             memoryless=True)  # the same model with its memory reset before every segment
     return dict(segments=k, variant=spec, seed=seed, accuracy=r.accuracy, answer_nll=r.nll,
                 accuracy_memoryless=bare.accuracy, answer_nll_memoryless=bare.nll,
-                train_loss_last=statistics.fmean(losses[-max(1, len(losses) // 10):]), updates=len(losses),
+                train_loss_last=statistics.fmean(losses[-max(1, len(losses) // 10):]), updates=len(norms),
                 train_s=train_s, oracle=seen, curve=curve(losses, norms, residual))  # fmt: skip
 
 
@@ -195,6 +206,9 @@ def main() -> None:
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--data-seed", type=int, default=0)
+    p.add_argument("--bptt-example", action="store_true",
+                   help="one update per example, every segment with gradients and the memory's graph kept across "
+                        "them (optim.bptt_segments over an example; memformer's writer trains only so)")
     p.add_argument("--oracle", action="store_true", help="only print the counting oracle's accuracy")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
     p.add_argument("--jobs", type=int, default=2, help="runs at once, one process each (2 on a 2-core machine)")

@@ -51,3 +51,33 @@ def test_sorting_trains_the_baselines(tmp_path):
     results = json.loads(out.read_text())["results"]
     assert [(r["variant"], r["updates"]) for r in results] == [("compressive", 8), ("infinity", 8)]
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["answer_nll"] > 0 for r in results)
+
+
+def test_real_text_trains_memformer_through_spans(bench):
+    """`--bptt 2`: one update per two segments, the memory's graph kept inside the span, so
+    memformer's writer learns (with one segment per update it gets no gradient)."""
+    a = argparse.Namespace(vocab_size=40, segment=8, layers=1, width=16, heads=2, num_wm=2, streams=2, steps=5,
+                           lr=1e-2, weight_decay=0.0, grad_clip=1.0, reset="document_start", trace_blocks=0, bptt=2)
+    corpus = bench.TokenCorpus.from_token_lists([torch.randint(0, 40, (120,)).tolist() for _ in range(2)])
+    writer = {}
+    for span in (1, 2):
+        a.bptt = span
+        model, losses, _ = bench.train("memformer+memory_settings={'num_slots':4}", 0, a, corpus)
+        fresh, _ = bench.make_model("memformer+memory_settings={'num_slots':4}", a, seed=0)
+        assert len(losses) == 5  # one loss per segment read, whatever the span
+        moved = {n: not torch.equal(p, dict(fresh.named_parameters())[n]) for n, p in model.named_parameters()}
+        writer[span] = any(v for n, v in moved.items() if "write" in n)
+    assert writer == {1: False, 2: True}
+
+
+def test_sorting_trains_memformer_through_whole_examples(tmp_path):
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "sorting.py"), "--segments", "2", "--segment", "16",
+           "--variants", "memformer+memory_settings={'num_slots':4},xl", "--seeds", "0", "--train-examples", "16",
+           "--test-examples", "8", "--batch", "4", "--epochs", "1", "--layers", "1", "--width", "16", "--heads", "2",
+           "--threads", "1", "--bptt-example", "--json", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(out.read_text())["results"]
+    assert [r["updates"] for r in results] == [4, 4]  # one per batch of examples, not one per scored segment
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in results)
