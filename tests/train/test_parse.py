@@ -132,7 +132,8 @@ def test_pretrain_keeps_the_users_learning_rate(tmp_path):
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["optim.lrr=1"], r"unknown setting\(s\) \['optim.lrr'\]; known under `optim`: \['betas', 'epochs'"),
+        (["optim.lrr=1"],
+         r"unknown setting\(s\) \['optim.lrr'\]; known under `optim`: \['betas', 'bptt_recompute', 'bptt_segments', 'epochs'"),
         (["model.bogus=1"], r"unknown setting\(s\) \['model.bogus'\]; known under `model`"),
         (["eval.trace=1"], r"`eval.trace` must be true or false, got 1"),
         (["optim.precision=fp8"], r"`optim.precision` must be one of \['auto', 'fp32', 'bf16', 'fp16'\], got 'fp8'"),
