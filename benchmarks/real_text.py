@@ -389,7 +389,7 @@ def train(spec: str, seed: int, a, corpus: TokenCorpus) -> tuple[torch.nn.Module
             pending.append(out.loss)
             if len(pending) == span or step == a.steps - 1:
                 update(torch.stack(pending).mean(), opt, sched, knobs, a.grad_clip, norms)
-                losses += [float(x) for x in pending]
+                losses += [float(x.detach()) for x in pending]
                 pending = []
                 memory.detach_()
         if a.trace_blocks and (step + 1) % a.trace_blocks == 0:

@@ -108,7 +108,7 @@ def train(spec: str, seed: int, a: argparse.Namespace, data) -> tuple[torch.nn.M
                 span.append(out.loss)
             if a.bptt_example and step % streams.segments_per_example == last:  # one update per example
                 update(torch.stack(span).mean(), opt, sched, knobs, a.grad_clip, norms)
-                losses += [float(x) for x in span]
+                losses += [float(x.detach()) for x in span]
                 span = []
                 memory.detach_()
     hook.remove()
