@@ -152,14 +152,13 @@ class MemoryBlock(GradientCheckpointingLayer):
             width = block.attn.split_size
             handle = block.attn.c_attn.register_forward_hook(lambda m, i, out: queries.append(out[..., :width]))
         try:
-            attn_output = None
+            normed, attn_output = block.ln_1(hidden), None
             if inputs.own_attention is not None:  # a kind's attention in place of this block's (`memorizing`)
                 kv = kv if kv is not None else ExtendedKeyValues(None, None, None)
-                attn_output = inputs.own_attention.block_attention(
-                    self.layer_idx, block.attn, block.ln_1(hidden), inputs.attention_mask, kv)
+                attn_output = inputs.own_attention.block_attention(self.layer_idx, block.attn, normed,
+                                                                   inputs.attention_mask, kv)
             if attn_output is None:
-                attn_output, _ = block.attn(block.ln_1(hidden), attention_mask=attention_mask,
-                                            **{ATTENTION_CACHE: kv})
+                attn_output, _ = block.attn(normed, attention_mask=attention_mask, **{ATTENTION_CACHE: kv})
         finally:
             if handle is not None:
                 handle.remove()

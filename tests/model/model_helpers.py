@@ -44,3 +44,23 @@ def assert_row_operations_keep_outputs(model, segs, memory, logits, atol: float)
     joined = type(memory).cat([memory.take_rows([0, 1]), memory.take_rows([2, 3])])
     for a, b in zip(full, logits(model, segs, joined)):
         torch.testing.assert_close(a, b, rtol=0, atol=atol)
+
+
+def assert_a_reset_row_starts_a_fresh_stream(model, segs, logits, poison: tuple[str, ...] = (),
+                                             keep_atol: float = 1e-6) -> None:
+    """The reset contract of a carried memory, on 3 rows and 6 segments: after 3 segments, row 1
+    is reset before the 4th; rows 0 and 2 then read exactly what they read without the reset,
+    row 1 what a fresh one-row stream reads. `poison` names memory fields set to NaN in row 1
+    first (a diverged step's row): nothing of it may reach a later segment."""
+    reset = torch.tensor([False, True, False])
+    with torch.no_grad():
+        _, memory = run_stream(model, segs[:3])
+        untouched = logits(model, segs[3:], memory.clone())
+        for name in poison:
+            getattr(memory, name)[1] = float("nan")
+        outs = [model(segs[3], memory=memory, reset=reset)]
+        outs += run_stream(model, segs[4:], memory=outs[0].memory)[0]
+        fresh = logits(model, [s[1:2] for s in segs[3:]])
+    for got, keep, new in zip([o.logits for o in outs], untouched, fresh):
+        torch.testing.assert_close(got[[0, 2]], keep[[0, 2]], rtol=0, atol=keep_atol)
+        torch.testing.assert_close(got[1:2], new, rtol=0, atol=1e-5)

@@ -8,7 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from compressive_reference import ReferenceCompressive
-from model_helpers import VOCAB, assert_row_operations_keep_outputs, run_stream, segments
+from model_helpers import (
+    VOCAB, assert_a_reset_row_starts_a_fresh_stream, assert_row_operations_keep_outputs, run_stream, segments,
+)
 
 from memoria_ds.model import MemoriaGPT2Config, MemoriaGPT2LMHeadModel, build_model, memory_from_state_dict
 from memoria_ds.model.recurrent import CompressiveMemory, CompressiveSettings
@@ -212,23 +214,12 @@ def test_take_and_put_rows_keep_outputs(make_model):
     assert_row_operations_keep_outputs(model, segs[3:], memory, _logits, atol=1e-6)
 
 
-@pytest.mark.parametrize("poison", [False, True])
+# a diverged step's row: its NaN must never reach a later segment
+@pytest.mark.parametrize("poison", [(), ("keys", "compressed_values")])
 def test_a_reset_row_starts_a_fresh_stream(make_model, poison):
     model = _model(make_model)
     segs = segments(count=6)
-    reset = torch.tensor([False, True, False])
-    with torch.no_grad():
-        _, memory = run_stream(model, segs[:3])
-        untouched = _logits(model, segs[3:], memory.clone())
-        if poison:  # a diverged step's rows: their NaN must never reach a later segment
-            memory.keys[1] = float("nan")
-            memory.compressed_values[1] = float("nan")
-        outs = [model(segs[3], memory=memory, reset=reset)]
-        outs += run_stream(model, segs[4:], memory=outs[0].memory)[0]
-        fresh = _logits(model, [s[1:2] for s in segs[3:]])
-    for got, keep, new in zip([o.logits for o in outs], untouched, fresh):
-        torch.testing.assert_close(got[[0, 2]], keep[[0, 2]], rtol=0, atol=1e-6)
-        torch.testing.assert_close(got[1:2], new, rtol=0, atol=1e-5)
+    assert_a_reset_row_starts_a_fresh_stream(model, segs, _logits, poison)
 
 
 def test_reset_all_rows_is_a_fresh_memory(make_model):

@@ -102,9 +102,8 @@ def _reference_logits(model, input_ids, engrams, slot_mask, biases=None):
     return model.lm_head(t.ln_f(h))
 
 
-def test_engram_slots_compute_the_hand_written_forward(make_model):
-    model = _slot_model(make_model)
-    assert model.memory_modules() == [model.abstractor]  # no cross-attention: the blocks' own weights
+def _fourth_segment(model):
+    """(the 4th segment, the read it sees, the model's logits) after 3 segments of 3 rows, row 1 reset."""
     segs = segments(batch=3, length=10, count=4)
     with torch.no_grad():
         _, memory = run_stream(model, segs[:3])
@@ -112,9 +111,16 @@ def test_engram_slots_compute_the_hand_written_forward(make_model):
         probe = memory.clone()
         probe.reset(reset)
         read, _ = model.memory_kind.read(probe, torch.float32, model.abstractor)
-        assert isinstance(read, MemoriaSlotRead) and read.slot_mask[0].any() and not read.slot_mask[1].any()
-        expected = _reference_logits(model, segs[3], read.engrams, read.slot_mask)
-        got = model(segs[3], memory=memory, reset=reset).logits
+        return segs[3], read, model(segs[3], memory=memory, reset=reset).logits
+
+
+def test_engram_slots_compute_the_hand_written_forward(make_model):
+    model = _slot_model(make_model)
+    assert model.memory_modules() == [model.abstractor]  # no cross-attention: the blocks' own weights
+    x, read, got = _fourth_segment(model)
+    assert isinstance(read, MemoriaSlotRead) and read.slot_mask[0].any() and not read.slot_mask[1].any()
+    with torch.no_grad():
+        expected = _reference_logits(model, x, read.engrams, read.slot_mask)
     assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
 
 
@@ -206,16 +212,10 @@ def test_engram_bias_computes_the_hand_written_forward(make_model, attn):
     with torch.no_grad():  # distinct values per block and head, so a broadcast error shows
         for i, b in enumerate(biases):
             b.copy_(torch.arange(b.numel(), dtype=torch.float32) * 0.7 - 1.5 - i)
-    segs = segments(batch=3, length=10, count=4)
+    x, read, got = _fourth_segment(model)
     with torch.no_grad():
-        _, memory = run_stream(model, segs[:3])
-        reset = torch.tensor([False, True, False])
-        probe = memory.clone()
-        probe.reset(reset)
-        read, _ = model.memory_kind.read(probe, torch.float32, model.abstractor)
-        expected = _reference_logits(model, segs[3], read.engrams, read.slot_mask, biases=[b.data for b in biases])
-        got = model(segs[3], memory=memory, reset=reset).logits
-        unbiased = _reference_logits(model, segs[3], read.engrams, read.slot_mask)
+        expected = _reference_logits(model, x, read.engrams, read.slot_mask, biases=[b.data for b in biases])
+        unbiased = _reference_logits(model, x, read.engrams, read.slot_mask)
     assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
     assert not torch.allclose(got, unbiased, atol=1e-3)
 
