@@ -2,7 +2,7 @@
 (`optim.bptt_recompute`): the recomputed segments give the plain BPTT's gradients; through the real
 launcher, a span of 2 segments per step consumes 2 segments of every stream, resumes bit for bit on
 2 ranks and across a world-size change, trains Memformer's writer (which 1 segment per step never
-reaches), and the recompute trains as the plain span does."""
+reaches), and the recompute trains as the plain span does, also under ZeRO-3 in bf16 on 2 ranks."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from memoria_ds.model import build_model
 from memoria_ds.safe_io import load_tree
 from memoria_ds.train.loop import _forward
 
-from .launch_util import check, kill_and_resume, metrics, run_training
+from .launch_util import ROOT, check, kill_and_resume, metrics, run_training
 
 MEMFORMER = ("model.preset=memformer",
              "model.settings={n_layer: 2, n_embd: 32, n_head: 2, n_positions: 64, resid_pdrop: 0.0, "
@@ -126,3 +126,24 @@ def test_a_non_finite_loss_in_a_span_skips_that_step_only(tmp_path):
     assert (train[3]["skipped_micro_batches"], train[3]["skipped_steps"]) == (0, 0)
     assert "grad_norm" not in train[2] and train[3]["grad_norm"] == train[3]["grad_norm"]
     assert train[3]["loss"] == train[3]["loss"]
+
+
+def test_a_replayed_span_trains_the_writer_under_zero3_in_bf16(tmp_path):
+    """ZeRO-3 partitions the writer's weights, bf16 runs the span, and the replay recomputes each segment
+    under the engine's gathered parameters: the writer (reached only through the span) still trains, and
+    the slots checkpointed per stream are fp32 and finite."""
+    common = (*MEMFORMER, "optim.bptt_segments=2", "optim.bptt_recompute=true", "optim.precision=bf16",
+              f"deepspeed={ROOT / 'ds_configs' / 'cpu_zero3.json'}", "checkpoint.export=true",
+              "checkpoint.every=2", "eval.at_end=false")
+    check(run_training(tmp_path / "one", *common, "optim.max_steps=1", ranks=2))
+    check(run_training(tmp_path / "two", *common, "optim.max_steps=2", ranks=2))
+    (w1, r1), (w2, r2) = _writer(tmp_path / "one"), _writer(tmp_path / "two")
+    assert not torch.equal(w1, w2), "the second step's span trains the writer under ZeRO-3"
+    assert not torch.equal(r1, r2)
+    losses = [r["loss"] for r in metrics(tmp_path / "two")]
+    assert len(losses) == 2 and all(x == x for x in losses)
+    for rank in (0, 1):
+        shard = _shard(tmp_path / "two", 2, rank)
+        assert shard["streams"]["step"] == 4, "2 steps of 2 segments"
+        for state in shard["memory"]:
+            assert state["slots"].dtype == torch.float32 and bool(torch.isfinite(state["slots"]).all())
