@@ -141,3 +141,27 @@ def test_carried_mosaic_memory_moves_with_its_streams_from_two_ranks_to_one(tmp_
     b = {r["step"]: r["loss"] for r in metrics(moved)}
     assert a[1] == b[1] and a[2] == b[2]
     assert abs(a[3] - b[3]) < 1e-4 * abs(a[3]), f"step 3 after 2 -> 1: {b[3]} vs uninterrupted {a[3]}"
+
+
+def test_carried_mosaic_in_bf16_under_zero3_resumes_exactly(tmp_path):
+    """bf16 under ZeRO-3 on 2 ranks: the loss is finite, the carried contextual memory (a cache of the
+    blocks' keys, values and leaky averages, kept in the model's dtype as `xl`'s cache is: docs/model.md,
+    "Dtypes") is checkpointed per stream in bf16 and finite, and a run killed after step 3 and resumed
+    from its step-2 checkpoint continues bit for bit."""
+    from memoria_ds.safe_io import load_tree
+
+    common = [*CARRY, NO_DROPOUT, "optim.precision=bf16", f"deepspeed={ROOT / 'ds_configs' / 'cpu_zero3.json'}",
+              "optim.max_steps=4", "checkpoint.every=2", "eval.at_end=false"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    check(run_training(whole, *common, tiny=False, script=PRETRAIN, ranks=2))
+    proc = run_training(killed, *common, tiny=False, script=PRETRAIN, ranks=2, fault="kill_after_step:3")
+    assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
+    check(run_training(killed, *common, "checkpoint.resume=auto", tiny=False, script=PRETRAIN, ranks=2))
+    a, b = losses_by_step(whole), losses_by_step(killed)
+    assert all(v == v for v in a.values())
+    for step in (3, 4):
+        assert a[step] == b[step], f"step {step}: uninterrupted {a[step]!r} vs resumed {b[step]!r}"
+    for rank in (0, 1):
+        shard = load_tree(whole / "checkpoints" / "step_00000004" / f"rank_{rank:05d}.safetensors")["memory"]
+        floats = [v for state in shard for v in state.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        assert floats and all(v.dtype == torch.bfloat16 and bool(torch.isfinite(v).all()) for v in floats)
