@@ -18,7 +18,8 @@ warm-up and decay), then is scored on the same held-out documents with its memor
 across their segments. Reported per variant and seed: the NLL of segment 0 (no memory can
 help there) and the mean NLL of segments 1.. (where it can), and the gap between the two.
 Variants are the names of `benchmarks/model_step.py` (presets, `memoria_width=R`,
-`memoria_layers=K`).
+`memoria_layers=K`). `--bptt K` updates once per K segments with the memory's graph kept
+across them (Memformer's writer learns only so).
 """
 
 from __future__ import annotations
@@ -69,22 +70,36 @@ def make_model(name: str, a: argparse.Namespace, seed: int) -> torch.nn.Module:
     return build_model(backbone, preset, memory_init=a.init, **extra)
 
 
+def updates_per_document(a: argparse.Namespace) -> int:
+    """`--bptt K`: one update per K segments, the last span of a document possibly shorter."""
+    return -(-a.segments // a.bptt)
+
+
 def run_documents(model, docs: torch.Tensor, a: argparse.Namespace, train: bool, opt=None, sched=None):
-    """Feed one batch of documents segment by segment with memory; returns per-segment NLLs."""
+    """Feed one batch of documents segment by segment with memory; returns per-segment NLLs.
+
+    Training updates once per `a.bptt` segments on the mean of their losses, the memory's graph
+    kept across them and detached at the span's end (as `optim.bptt_segments` does): Memformer's
+    writer gets a gradient only from a span of two or more.
+    """
     memory = model.empty_memory(docs.shape[0])
     reset = torch.ones(docs.shape[0], dtype=torch.bool)
-    nlls = []
+    nlls, span = [], []
     for s in range(a.segments):
         x = docs[:, s * a.segment : (s + 1) * a.segment]
         out = model(x, labels=x, memory=memory, reset=reset if s == 0 else None)
         memory = out.memory
         nlls.append(out.loss.item())
         if train:
-            out.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
+            span.append(out.loss)
+            if len(span) == a.bptt or s == a.segments - 1:
+                torch.stack(span).mean().backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+                span = []
+                memory.detach_()  # a kind that keeps its graph (memformer) does not reach the next span
     return nlls
 
 
@@ -92,7 +107,7 @@ def train_and_score(name: str, seed: int, a: argparse.Namespace, train_docs, eva
     model = make_model(name, a, seed).train()
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
     batches = train_docs.shape[0] // a.batch
-    total = batches * a.segments
+    total = batches * updates_per_document(a)
     warm = max(1, int(0.06 * total))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda i: min((i + 1) / warm, max(0.0, (total - i) / (total - warm)))
@@ -133,9 +148,13 @@ def main() -> None:
     p.add_argument("--eval-docs", type=int, default=512)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--bptt", type=int, default=1,
+                   help="segments per update, the memory's graph kept across them (memformer's writer trains only so)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None)
     a = p.parse_args()
+    if a.bptt < 1:
+        p.error(f"--bptt must be at least 1, got {a.bptt}")
     torch.set_num_threads(a.threads)
     train_docs, eval_docs = documents(a.train_docs, a, seed=1), documents(a.eval_docs, a, seed=2)
     print(f"NLL bounds: topic known {bound_nll(a):.3f}, uniform {math.log(a.vocab):.3f}", flush=True)

@@ -61,3 +61,23 @@ def test_probe_runs_end_to_end(tmp_path):
         assert len(r["nll_per_segment"]) == 3
         assert all(bound < v < math.log(64) + 0.5 for v in r["nll_per_segment"]), r["nll_per_segment"]
         assert math.isclose(r["nll_later"], sum(r["nll_per_segment"][1:]) / 2)
+
+
+def _writer_after_training(probe, bptt: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    a = args(bptt=bptt, layers=2, width=32, heads=2, num_wm=2, init="random", segments=4, batch=4)
+    model = probe.make_model("memformer", a, seed=0).train()
+    before = model.memory_net.write_query.weight.detach().clone()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = []
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: steps.append(i) or 1.0)
+    probe.run_documents(model, probe.documents(4, a, seed=0), a, True, opt, sched)
+    return before, model.memory_net.write_query.weight.detach(), len(steps) - 1  # LambdaLR calls once at init
+
+
+def test_a_span_of_segments_trains_memformers_writer_and_counts_its_updates():
+    probe = load_probe()
+    before, after, updates = _writer_after_training(probe, bptt=1)
+    assert torch.equal(before, after) and updates == 4, "one segment per update: no loss reaches the write"
+    before, after, updates = _writer_after_training(probe, bptt=3)
+    assert not torch.equal(before, after), "a span of 3: the later segments' losses train the writer"
+    assert updates == 2 == probe.updates_per_document(args(bptt=3, segments=4)), "spans of 3 and 1"
