@@ -19,6 +19,7 @@ import math
 import time
 import warnings
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -122,20 +123,12 @@ def train(ctx: RunContext, state: RunState) -> dict[str, Any]:
 def _steps(ctx: RunContext, state: RunState, writer: MetricsWriter, window: _Window, stop: StopRequest) -> float | None:
     """The optimiser steps from `state.step` to the last; the last logged training loss."""
     cfg, info = ctx.cfg, ctx.info
-    policy = cfg.data.reset_policy
     batches = iter(state.streams)
     step_stats: list = []  # the memory statistics of the step's micro-batches
     last_loss: float | None = None
     span_length, recompute = cfg.optim.bptt_segments, cfg.optim.bptt_recompute
     for step in range(state.step, ctx.total_steps):
-        span = []  # the step's `bptt_segments` consecutive segments of every stream, and their resets
-        for k in range(span_length):
-            batch = next(batches, None)
-            if batch is None:  # epoch finished: the streams move to the next one
-                batches = iter(state.streams)
-                batch = next(batches)
-            batch = batch.to(ctx.device)
-            span.append((batch, policy.reset_mask(batch, step) if k == 0 else _within_span(policy).reset_mask(batch)))
+        span, batches = _span(ctx, state, batches, step)
         step_stats = []
         # A segment without targets (the sorting task's input) runs forward only, to write
         # the memory: no loss, no gradient, no optimizer step (it would be all zeros).
@@ -207,6 +200,20 @@ def _forward(engine: Any, micro: Any, memory: Any, reset: torch.Tensor, labels: 
         return forward_segment(engine, micro, carried.clone() if carried is not None else None, reset, labels=labels)
 
     return torch.utils.checkpoint.checkpoint(segment, memory, use_reentrant=False)
+
+
+def _span(ctx: RunContext, state: RunState, batches: Iterator[Any], step: int) -> tuple[list, Iterator[Any]]:
+    """The step's `bptt_segments` consecutive segments of every stream, each with its reset mask,
+    on the device; and the batch iterator to continue from (a new epoch's when one finished)."""
+    policy, span = ctx.cfg.data.reset_policy, []
+    for k in range(ctx.cfg.optim.bptt_segments):
+        batch = next(batches, None)
+        if batch is None:  # epoch finished: the streams move to the next one
+            batches = iter(state.streams)
+            batch = next(batches)
+        batch = batch.to(ctx.device)
+        span.append((batch, policy.reset_mask(batch, step) if k == 0 else _within_span(policy).reset_mask(batch)))
+    return span, batches
 
 
 def _within_span(policy: ResetPolicy) -> ResetPolicy:
