@@ -13,7 +13,7 @@ import torch
 
 from memoria_ds.data.streams import TokenStreams
 
-from .knn_lm import Datastore, KNNLMSettings, build_datastore
+from .knn_lm import Datastore, IndexedDatastore, KNNLMSettings, build_datastore, index_datastore
 from .perplexity import evaluate_lm
 from .protocols import protocol_from_name
 from .result import EvalResult
@@ -96,14 +96,16 @@ def evaluate_split(
 
 
 def train_datastore(model: Any, corpus: Any, settings: KNNLMSettings, *, segment_length: int, streams: int,
-                    reset: Any, max_entries: int | None, device: torch.device) -> Datastore:
+                    reset: Any, max_entries: int | None, device: torch.device) -> Datastore | IndexedDatastore:
     """kNN-LM's shared datastore of the training split, read by `model` with its memory as the
     evaluation reads (`streams` streams, the evaluation's reset policy), the same on every rank:
-    each rank reads every stream, so ZeRO-3's collectives stay in step and no exchange is needed."""
+    each rank reads every stream, so ZeRO-3's collectives stay in step and no exchange is needed.
+    Under `settings.index` other than `exact`, its FAISS index (seeded: the same on every rank)."""
     reader = TokenStreams(corpus, num_streams=streams, segment_length=segment_length, rank=0, world_size=1,
                           tail="pad")
     policy = protocol_from_name("full", segment_length, streams, reset).reset
-    return build_datastore(model, reader, settings, reset=policy, device=device, max_entries=max_entries)
+    store = build_datastore(model, reader, settings, reset=policy, device=device, max_entries=max_entries)
+    return store if settings.index == "exact" else index_datastore(store, settings.index, settings.nprobe)
 
 
 def describe(result: EvalResult) -> tuple[str, dict[str, float]]:

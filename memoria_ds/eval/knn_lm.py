@@ -10,9 +10,11 @@ over a datastore of (key, next token) pairs: per stream, the text read so far (e
 position j < i of the stream since its last memory reset: entry j's value is the token
 after j, which position i has already seen; entry i itself holds the token i predicts, so it
 is never a candidate), and optionally a shared datastore built from the training text
-(`build_datastore`). The search is exact (squared L2, as the paper's FAISS index
-approximates). A position with no candidate (the first token after a reset) is scored by
-the model alone.
+(`build_datastore`). The search is exact (squared L2, which the paper's FAISS index
+approximates); the shared store can instead be searched through a FAISS index
+(`index_datastore`, `KNNLMSettings.index`): its top k per position join the exact
+candidates of the stream. A position with no candidate (the first token after a reset) is
+scored by the model alone.
 
 The model is not branched: the key is read by a forward hook on the GPT-2 module that
 computes it (`capture_keys`), so "Memoria + kNN-LM" is the same trained Memoria model with
@@ -52,6 +54,10 @@ class KNNLMSettings:
         key: `ffn_input` (the paper's best) or `final_hidden`.
         max_entries: per-stream datastore cap, the oldest dropped first; None: unbounded
             (the paper keeps every entry).
+        index: how the shared (training-text) datastore is searched: `exact`, or a FAISS
+            `index_factory` string (e.g. `IVF4096,PQ64`, the authors' index; `Flat` is exact
+            search through FAISS). The stream datastores are always searched exactly.
+        nprobe: inverted lists probed per query by an `IVF` index (the paper's 32).
     """
 
     k: int = 1024
@@ -59,6 +65,8 @@ class KNNLMSettings:
     temperature: float = 1.0
     key: KeyName = "ffn_input"
     max_entries: int | None = None
+    index: str = "exact"
+    nprobe: int = 32
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -71,10 +79,14 @@ class KNNLMSettings:
             raise ValueError(f"kNN-LM `key` must be one of {KEYS}, got {self.key!r}")
         if self.max_entries is not None and self.max_entries < 1:
             raise ValueError(f"kNN-LM `max_entries` ({self.max_entries}) must be >= 1, or None for no cap")
+        if self.nprobe < 1:
+            raise ValueError(f"kNN-LM `nprobe` ({self.nprobe}) must be at least 1")
+        if self.index != "exact":
+            check_index_factory(self.index)
 
     def to_dict(self) -> dict[str, Any]:
         return {"k": self.k, "lmbda": self.lmbda, "temperature": self.temperature, "key": self.key,
-                "max_entries": self.max_entries}
+                "max_entries": self.max_entries, "index": self.index, "nprobe": self.nprobe}
 
 
 @dataclass
@@ -99,6 +111,93 @@ class Datastore:
     @property
     def size(self) -> int:
         return self.valid.shape[1]
+
+
+def _faiss():
+    try:
+        import faiss
+    except ImportError as e:
+        raise ValueError("a kNN-LM FAISS `index` needs the faiss package: pip install faiss-cpu (or "
+                         "memoria_ds[faiss]), or set the index to `exact`") from e
+    return faiss
+
+
+def check_index_factory(factory: str, dim: int = 768) -> None:
+    """Refuse a FAISS `index_factory` string that FAISS cannot parse (ValueError, one line), before any work.
+
+    `dim`: the key width to try it at (GPT-2's 768 by default: a product quantiser must divide the real one).
+    """
+    faiss = _faiss()
+    try:
+        faiss.index_factory(dim, factory, faiss.METRIC_L2)
+    except RuntimeError as e:
+        reason = str(e).strip().splitlines()[-1].split(": ", 1)[-1]
+        raise ValueError(f"kNN-LM `index` {factory!r} is not a FAISS index_factory string for {dim}-wide keys "
+                         f"({reason}); e.g. `IVF4096,PQ64`, `HNSW32` or `Flat`, or `exact`") from None
+
+
+@dataclass
+class IndexedDatastore:
+    """A shared datastore of one row searched through a FAISS index (squared L2).
+
+    Attributes:
+        index: the FAISS index over the entries' keys (entry i is id i).
+        values: (N,) int64, the token that followed each key.
+    """
+
+    index: Any
+    values: Tensor
+
+    @property
+    def size(self) -> int:
+        return int(self.index.ntotal)
+
+    @property
+    def valid(self) -> Tensor:  # every entry is searchable (the record counts them as a `Datastore`'s)
+        return torch.ones(1, self.size, dtype=torch.bool)
+
+    def search(self, queries: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The index's k nearest entries of every query.
+
+        Args:
+            queries: (B, L, D).
+
+        Returns:
+            dist: (B, L, K) float32 squared distances (as the index estimates them); values:
+            (B, L, K) int64; found: (B, L, K) bool, False where the index returned fewer than K.
+        """
+        B, L, D = queries.shape
+        k = min(k, self.size)
+        dist, ids = self.index.search(queries.detach().reshape(-1, D).float().cpu().contiguous().numpy(), k)
+        dist = torch.from_numpy(dist).to(queries.device).view(B, L, k)
+        ids = torch.from_numpy(ids).to(queries.device).view(B, L, k)
+        found = ids >= 0
+        values = self.values.to(queries.device)[ids.clamp_min(0)]
+        return dist.clamp_min(0.0), values, found
+
+
+def index_datastore(store: Datastore, factory: str, nprobe: int = 32) -> IndexedDatastore:
+    """`store` (one row, e.g. `build_datastore`'s) indexed by FAISS's `index_factory(D, factory)`,
+    trained on its own keys where the index needs training (IVF centroids, product quantisers).
+
+    FAISS's k-means is seeded, so every rank builds the same index from the same store.
+    """
+    faiss = _faiss()
+    valid = store.valid[0]
+    keys = store.keys[0][valid].detach().float().cpu().contiguous().numpy()
+    check_index_factory(factory, keys.shape[1])
+    index = faiss.index_factory(keys.shape[1], factory, faiss.METRIC_L2)
+    if not index.is_trained:
+        try:
+            index.train(keys)
+        except RuntimeError as e:
+            reason = str(e).strip().splitlines()[-1].split(": ", 1)[-1]
+            raise ValueError(f"kNN-LM `index` {factory!r} cannot be trained on the {keys.shape[0]} entries of the "
+                             f"training-text datastore ({reason}): use fewer centroids or more entries") from None
+    index.add(keys)
+    if "IVF" in factory:
+        faiss.ParameterSpace().set_index_parameter(index, "nprobe", nprobe)
+    return IndexedDatastore(index, store.values[0][valid].detach().to(torch.int64).cpu())
 
 
 def reset_rows(store: Datastore, reset: Tensor) -> Datastore:
@@ -143,12 +242,13 @@ def knn_log_prob(
     segment_values: Tensor,
     segment_valid: Tensor,
     settings: KNNLMSettings,
-    shared: Datastore | None = None,
+    shared: Datastore | IndexedDatastore | None = None,
 ) -> tuple[Tensor, Tensor]:
     """log p_kNN(target) of every position of a segment, from strictly earlier entries.
 
-    Candidates of position i: the shared store, the row's stream store, and the segment's
-    own entries j < i (j's value is the token after j, already read by i).
+    Candidates of position i: the shared store (every entry, or an index's k nearest), the
+    row's stream store, and the segment's own entries j < i (j's value is the token after j,
+    already read by i).
 
     Args:
         queries: (B, L, D) keys of this segment's positions.
@@ -157,7 +257,7 @@ def knn_log_prob(
         segment_values: (B, L) int64 the token after each position (its entry's value).
         segment_valid: (B, L) bool, positions whose entry exists (a real next token).
         settings: k and temperature.
-        shared: a datastore of one row read by every row (training text), or None.
+        shared: a datastore of one row read by every row (training text), or its FAISS index, or None.
 
     Returns:
         log_p: (B, L) float32 log p_kNN(target) (-inf where no neighbour holds the target).
@@ -166,7 +266,7 @@ def knn_log_prob(
     B, L, _ = queries.shape
     device = queries.device
     dist, allowed, values = [], [], []
-    if shared is not None and shared.size:
+    if isinstance(shared, Datastore) and shared.size:
         dist.append(squared_distances(queries, shared.keys))  # (B, L, S)
         allowed.append(shared.valid[:, None, :].expand(B, L, -1))
         values.append(shared.values.expand(B, -1))
@@ -184,6 +284,13 @@ def knn_log_prob(
     found = allowed_all.any(dim=2)  # (B, L)
     top, idx = scores.topk(min(settings.k, scores.shape[2]), dim=2)  # (B, L, K)
     neighbour = torch.cat(values, dim=1).gather(1, idx.flatten(1)).view_as(idx)  # (B, L, K)
+    if isinstance(shared, IndexedDatastore) and shared.size:  # the index's k nearest join the exact ones
+        d, v, ok = shared.search(queries, settings.k)  # (B, L, K')
+        top = torch.cat([top, (-d / settings.temperature).masked_fill(~ok, -math.inf)], dim=2)
+        neighbour = torch.cat([neighbour, v], dim=2)
+        found = found | ok.any(dim=2)
+        top, idx = top.topk(min(settings.k, top.shape[2]), dim=2)
+        neighbour = neighbour.gather(2, idx)
     top = torch.where(found[..., None], top, torch.zeros_like(top))  # no candidate: no NaN from softmax
     log_w = torch.log_softmax(top, dim=2)
     hit = (neighbour == targets[..., None]) & torch.isfinite(top)
@@ -207,11 +314,11 @@ class KNNScorer:
 
     Args:
         settings: the kNN-LM settings.
-        shared: a training-text datastore read by every stream, or None.
+        shared: a training-text datastore read by every stream (or its FAISS index), or None.
     """
 
     settings: KNNLMSettings
-    shared: Datastore | None = None
+    shared: Datastore | IndexedDatastore | None = None
     store: Datastore | None = field(default=None, init=False)
 
     def segment_nll(self, keys: Tensor, logits: Tensor, batch: Any, reset: Tensor | None,
@@ -306,5 +413,6 @@ def build_datastore(model: Any, streams: Any, settings: KNNLMSettings, *, reset:
     return Datastore(k[None], v[None], torch.ones(1, k.shape[0], dtype=torch.bool, device=k.device))
 
 
-__all__ = ["KEYS", "Datastore", "KNNLMSettings", "KNNScorer", "append", "build_datastore", "capture_keys",
-           "interpolate", "key_module", "knn_log_prob", "reset_rows", "squared_distances"]
+__all__ = ["KEYS", "Datastore", "IndexedDatastore", "KNNLMSettings", "KNNScorer", "append", "build_datastore",
+           "capture_keys", "check_index_factory", "index_datastore", "interpolate", "key_module", "knn_log_prob",
+           "reset_rows", "squared_distances"]

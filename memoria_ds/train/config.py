@@ -422,6 +422,9 @@ class KNNLMSection(Section):
             builds the same one before each evaluation, so it costs a pass over that text.
         train_max_entries: stop reading the training split after this many entries; null: all.
         train_streams: streams the training split is read with (each carries its memory).
+        index: how the training-text datastore is searched: `exact`, or a FAISS
+            `index_factory` string (`IVF4096,PQ64`: the authors' index; needs faiss-cpu).
+        nprobe: inverted lists an `IVF` index probes per query (the paper's: 32).
     """
 
     enabled: bool = False
@@ -433,10 +436,15 @@ class KNNLMSection(Section):
     train_datastore: bool = False
     train_max_entries: int | None = None
     train_streams: int = 8
+    index: str = "exact"
+    nprobe: int = 32
 
     @model_validator(mode="after")
     def check(self):
         self.settings()  # one place for the checks and their messages
+        if self.index != "exact" and not self.train_datastore:
+            raise ValueError(f"`eval.knn_lm.index={self.index}` searches the training-text datastore, which is off: "
+                             "set eval.knn_lm.train_datastore=true (each stream's own datastore is searched exactly)")
         if self.train_max_entries is not None and self.train_max_entries < 1:
             raise ValueError(f"`eval.knn_lm.train_max_entries` must be >= 1 or null (all), got {self.train_max_entries}")
         if self.train_streams < 1:
@@ -448,7 +456,7 @@ class KNNLMSection(Section):
         from ..eval.knn_lm import KNNLMSettings
 
         return KNNLMSettings(k=self.k, lmbda=self.lmbda, temperature=self.temperature, key=self.key,
-                             max_entries=self.max_entries)
+                             max_entries=self.max_entries, index=self.index, nprobe=self.nprobe)
 
 
 class EvalSection(Section):

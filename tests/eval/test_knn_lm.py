@@ -368,3 +368,90 @@ def test_run_config_builds_the_training_text_datastore(setup) -> None:
                        (["eval.knn_lm.train_streams=0"], "train_streams")):
         with pytest.raises(ConfigError, match=match):
             load(RunConfig, None, bad)
+
+
+# ---------------------------------------------------------------------- the FAISS index of the shared store
+def _shared(n=300, d=8, v=6, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return Datastore(torch.randn(1, n, d, generator=g), torch.randint(0, v, (1, n), generator=g),
+                     torch.ones(1, n, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("factory, nprobe", [("Flat", 1), ("IVF8,Flat", 8)])
+def test_an_exact_faiss_index_scores_as_the_exact_search(factory, nprobe) -> None:
+    """`Flat`, and an IVF index probing all of its lists, find the exact neighbours: the same NLL
+    as the exact shared store (and so as the slow reference, above)."""
+    from memoria_ds.eval.knn_lm import index_datastore
+
+    shared = _shared()
+    segs = random_segments(D=8, seed=1)
+    for k in (5, 40):
+        exact, _ = fast_nll(segs, KNNLMSettings(k=k, lmbda=0.4), shared)
+        indexed, _ = fast_nll(segs, KNNLMSettings(k=k, lmbda=0.4), index_datastore(shared, factory, nprobe))
+        torch.testing.assert_close(indexed, exact, rtol=1e-4, atol=1e-4)
+
+
+def test_an_approximate_index_finds_most_true_neighbours_and_scores_near_the_exact_search() -> None:
+    from memoria_ds.eval.knn_lm import index_datastore
+
+    shared = _shared(n=2000)
+    queries = torch.randn(2, 16, 8, generator=torch.Generator().manual_seed(5))
+    approx = index_datastore(shared, "IVF16,PQ4", nprobe=4)
+    dist, values, found = approx.search(queries, 10)
+    assert dist.shape == values.shape == found.shape == (2, 16, 10) and bool(found.all())
+    exact = squared_distances_of(queries, shared).topk(10, dim=2, largest=False).indices  # (2, 16, 10)
+    _, ids = approx.index.search(queries.reshape(-1, 8).numpy(), 10)
+    recall = sum(len(set(a.tolist()) & set(b)) for a, b in zip(exact.reshape(-1, 10), ids.tolist())) / exact.numel()
+    assert recall > 0.3, recall  # a 4-byte code of 8 floats, 4 of 16 lists: approximate, not random (0.005)
+    torch.testing.assert_close(values, shared.values[0][torch.from_numpy(ids)].view(2, 16, 10))
+    segs = random_segments(D=8, seed=1)
+    exact_nll, _ = fast_nll(segs, KNNLMSettings(k=10, lmbda=0.25), shared)
+    approx_nll, _ = fast_nll(segs, KNNLMSettings(k=10, lmbda=0.25), approx)
+    assert torch.isfinite(approx_nll).all() and abs(float(approx_nll.mean() - exact_nll.mean())) < 0.1
+
+
+def squared_distances_of(queries, store):
+    from memoria_ds.eval.knn_lm import squared_distances
+
+    return squared_distances(queries, store.keys)
+
+
+def test_a_bad_index_is_refused_before_any_work() -> None:
+    from memoria_ds.eval.knn_lm import index_datastore
+    from memoria_ds.train.config import RunConfig
+    from memoria_ds.train.parse import ConfigError, load
+
+    with pytest.raises(ValueError, match="not a FAISS index_factory string"):
+        KNNLMSettings(index="IVF4096,Bogus")
+    with pytest.raises(ValueError, match="nprobe"):
+        KNNLMSettings(nprobe=0)
+    with pytest.raises(ValueError, match="cannot be trained on the 300 entries"):
+        index_datastore(_shared(), "IVF4096,Flat")
+    for bad, match in ((["eval.knn_lm.index=IVF8,Flat"], "train_datastore=true"),
+                       (["eval.knn_lm.train_datastore=true", "eval.knn_lm.index=Nope"], "index_factory")):
+        with pytest.raises(ConfigError, match=match):
+            load(RunConfig, None, bad)
+    cfg = load(RunConfig, None, ["eval.knn_lm.train_datastore=true", "eval.knn_lm.index=IVF4096,PQ64",
+                                 "eval.knn_lm.nprobe=32"])
+    assert cfg.eval.knn_lm.settings().to_dict()["index"] == "IVF4096,PQ64"
+
+
+def test_run_config_searches_the_training_text_through_its_index(setup) -> None:
+    """`eval.knn_lm.index=Flat`: the configured evaluation scores as the exact training-text store does."""
+    from memoria_ds.eval.configured import evaluate_split
+    from memoria_ds.train.config import RunConfig
+    from memoria_ds.train.parse import load
+
+    path, corpus = setup
+    train = TokenCorpus.from_token_lists([corpus.tokens[:60].tolist()], metadata={"corpus": "toy", "split": "train"})
+    model = build_model(path, "xl")
+    got = {}
+    for index in ("exact", "Flat"):
+        cfg = load(RunConfig, None, ["eval.knn_lm.enabled=true", "eval.knn_lm.k=8", "data.segment_length=16",
+                                     "eval.protocols=[full]", "eval.knn_lm.train_datastore=true",
+                                     "eval.knn_lm.train_streams=2", f"eval.knn_lm.index={index}"])
+        (got[index],) = evaluate_split(model, corpus, data=cfg.data, evaluation=cfg.eval, label="m", rank=0,
+                                       world_size=1, device=torch.device("cpu"), out_dir=None, sorting_batch_size=1,
+                                       train_corpus=train)
+    assert got["Flat"].nll_sum == pytest.approx(got["exact"].nll_sum, rel=1e-5)
+    assert got["Flat"].knn_lm["index"] == "Flat" and got["Flat"].knn_lm["shared_entries"] == 59
