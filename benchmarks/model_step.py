@@ -75,6 +75,8 @@ from memoria_ds.memory import memorize, remind
 from memoria_ds.memory.compiled import error_gist
 from memoria_ds.model import build_model
 
+from real_text import parse_variant  # noqa: E402  (benchmarks/real_text.py: `preset+key=value` variant names)
+
 SHAPES = {
     "small": dict(n_layer=4, n_embd=256, n_head=4),
     "gpt2": dict(n_layer=12, n_embd=768, n_head=12),
@@ -109,11 +111,17 @@ def variant_settings(name: str, n_layer: int) -> tuple[str, dict]:
         return "memoria", {"memory_inner_dim_ratio": float(name.split("=", 1)[1])}
     if name.startswith("memorizing_size="):  # the Memorizing Transformer with a memory of M pairs
         return "memorizing", {"memory_settings": {"size": int(name.split("=", 1)[1])}}
+    if "+" in name:  # `preset+key=value...`, as real_text.py and sorting.py name a variant (optimiser knobs ignored)
+        try:
+            preset, settings, _ = parse_variant(name)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        return preset, settings
     presets = ("transformer", "xl", "memoria", "memoria_fast", "memoria_full_width", "compressive", "infinity",
                "memorizing", "memory_mosaic", "memory_mosaic_carry", "memformer")
     if name not in presets:
-        raise SystemExit(f"unknown variant {name!r}; known: {sorted(presets)}, memoria_layers=K, memoria_width=R "
-                         f"or memorizing_size=M")
+        raise SystemExit(f"unknown variant {name!r}; known: {sorted(presets)}, memoria_layers=K, memoria_width=R, "
+                         f"memorizing_size=M or preset+key=value")
     return name, {}
 
 

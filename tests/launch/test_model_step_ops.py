@@ -55,3 +55,15 @@ def test_a_variant_that_fails_is_left_out_and_the_others_are_measured(monkeypatc
     # a Triton error's cause is its last line, its first says where: both are kept
     assert data["failed"] == {"xl": "RuntimeError: at 28:4: ... atomic_add does not support int16"}
     assert "xl                  failed: RuntimeError" in capsys.readouterr().out
+
+
+def test_a_variant_names_model_settings_as_real_text_and_sorting_do():
+    import pytest
+
+    bench = load_benchmark("model_step.py", "model_step_bench_settings")
+    preset, settings = bench.variant_settings("memoria+memory_read='self_attention'+engram_bias=-4.0+opt.memory_lr=0.1", 2)
+    assert preset == "memoria" and settings == {"memory_read": "self_attention", "engram_bias": -4.0}
+    model = bench.build_model(bench.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64), preset, **settings)
+    assert model.config.memory_read == "self_attention" and model.config.engram_bias == -4.0
+    with pytest.raises(SystemExit, match="unknown preset 'nope'"):
+        bench.variant_settings("nope+engram_bias=1.0", 2)
