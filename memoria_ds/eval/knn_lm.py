@@ -112,6 +112,24 @@ class Datastore:
     def size(self) -> int:
         return self.valid.shape[1]
 
+    @property
+    def entries(self) -> int:
+        """Entries a search can find (a reset or padding leaves columns that hold none)."""
+        return int(self.valid.sum())
+
+    def search(self, queries: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Exact k nearest entries of a one-row (shared) store for every query, as `IndexedDatastore.search`.
+
+        Args:
+            queries: (B, L, D).
+
+        Returns:
+            dist: (B, L, K) squared distances; values: (B, L, K) int64; found: (B, L, K) bool.
+        """
+        dist = squared_distances(queries, self.keys).masked_fill(~self.valid[:, None, :], math.inf)  # (B, L, S)
+        dist, idx = dist.topk(min(k, self.size), dim=2, largest=False)
+        return dist, self.values[0][idx], torch.isfinite(dist)
+
 
 def _faiss():
     try:
@@ -153,8 +171,8 @@ class IndexedDatastore:
         return int(self.index.ntotal)
 
     @property
-    def valid(self) -> Tensor:  # every entry is searchable (the record counts them as a `Datastore`'s)
-        return torch.ones(1, self.size, dtype=torch.bool)
+    def entries(self) -> int:
+        return self.size
 
     def search(self, queries: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
         """The index's k nearest entries of every query.
@@ -246,9 +264,9 @@ def knn_log_prob(
 ) -> tuple[Tensor, Tensor]:
     """log p_kNN(target) of every position of a segment, from strictly earlier entries.
 
-    Candidates of position i: the shared store (every entry, or an index's k nearest), the
-    row's stream store, and the segment's own entries j < i (j's value is the token after j,
-    already read by i).
+    Candidates of position i: the row's stream store and the segment's own entries j < i (j's
+    value is the token after j, already read by i), merged with the shared store's k nearest
+    (its `search`: exact, or a FAISS index's).
 
     Args:
         queries: (B, L, D) keys of this segment's positions.
@@ -266,10 +284,6 @@ def knn_log_prob(
     B, L, _ = queries.shape
     device = queries.device
     dist, allowed, values = [], [], []
-    if isinstance(shared, Datastore) and shared.size:
-        dist.append(squared_distances(queries, shared.keys))  # (B, L, S)
-        allowed.append(shared.valid[:, None, :].expand(B, L, -1))
-        values.append(shared.values.expand(B, -1))
     if store.size:
         dist.append(squared_distances(queries, store.keys))  # (B, L, N)
         allowed.append(store.valid[:, None, :].expand(B, L, -1))
@@ -284,7 +298,7 @@ def knn_log_prob(
     found = allowed_all.any(dim=2)  # (B, L)
     top, idx = scores.topk(min(settings.k, scores.shape[2]), dim=2)  # (B, L, K)
     neighbour = torch.cat(values, dim=1).gather(1, idx.flatten(1)).view_as(idx)  # (B, L, K)
-    if isinstance(shared, IndexedDatastore) and shared.size:  # the index's k nearest join the exact ones
+    if shared is not None and shared.size:  # the shared store's k nearest (exact or an index's) join the others
         d, v, ok = shared.search(queries, settings.k)  # (B, L, K')
         top = torch.cat([top, (-d / settings.temperature).masked_fill(~ok, -math.inf)], dim=2)
         neighbour = torch.cat([neighbour, v], dim=2)

@@ -27,7 +27,7 @@ import torch
 from memoria_ds.data.batch import IGNORE_INDEX
 from memoria_ds.data.streams import StreamLayout, TokenStreams
 from memoria_ds.data.token_corpus import TokenCorpus
-from memoria_ds.eval.knn_lm import Datastore, KNNLMSettings, KNNScorer, capture_keys
+from memoria_ds.eval.knn_lm import Datastore, IndexedDatastore, KNNLMSettings, KNNScorer, capture_keys
 from memoria_ds.eval.protocols import EvalProtocol, protocol_from_name
 from memoria_ds.eval.result import EvalResult, write_results
 from memoria_ds.eval.scoring import all_reduce_sums, dist_coordinates, evaluating, model_device, token_nll
@@ -49,7 +49,7 @@ def evaluate_lm(
     on_step: Callable[[int, Any, Any], None] | None = None,
     memory_for: Callable[[list[int]], Any] | None = None,
     knn: KNNLMSettings | None = None,
-    knn_store: Datastore | None = None,
+    knn_store: Datastore | IndexedDatastore | None = None,
 ) -> EvalResult:
     """Evaluate a Contract-2 model on one split under `protocol`.
 
@@ -139,7 +139,7 @@ def evaluate_lm(
     if knn is not None:
         lm_mean = totals[3] / max(totals[1], 1.0)
         knn_record = {**knn.to_dict(), "datastore": "stream" if knn_store is None else "stream+shared",
-                      "shared_entries": 0 if knn_store is None else int(knn_store.valid.sum()),
+                      "shared_entries": 0 if knn_store is None else knn_store.entries,
                       "lm_nll": lm_mean, "lm_ppl": math.exp(lm_mean) if lm_mean < 700 else math.inf}
     result = EvalResult.from_sums(
         nll_sum=totals[0], scored_tokens=int(round(totals[1])),
