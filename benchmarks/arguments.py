@@ -71,4 +71,18 @@ def output_file(p: argparse.ArgumentParser, flag: str, path: str | None) -> None
         p.error(f"{flag} {path}: the folder {target.parent} does not exist")
 
 
-__all__ = ["int_list", "at_least", "variants", "result_files", "output_file"]
+def device(p: argparse.ArgumentParser, name: str) -> None:
+    """`--device NAME` names a device torch knows and this machine has."""
+    import torch
+
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        p.error(f"--device {name}: {e}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {name}: this machine has no CUDA device torch can use; run on --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        p.error(f"--device {name}: cpu or cuda")
+
+
+__all__ = ["int_list", "at_least", "variants", "result_files", "output_file", "device"]

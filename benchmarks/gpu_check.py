@@ -3,6 +3,8 @@
     bash launch/gpu_check.sh                 # on any CUDA machine; ~20 min on one H200 (see --only)
     bash launch/gpu_check.sh --dry-run       # anywhere: validate every run and DeepSpeed config it would use
     bash launch/gpu_check.sh --tiny          # anywhere: the whole check at tiny shapes (CPU is fine)
+    bash launch/gpu_check.sh --only train --presets transformer,memformer,memorizing --backbone gpt2 --eager-only
+                                             # other memory kinds, at a shape that fits a 15-minute lease
 
 What it runs, each part timed and recorded (`--only` picks parts; the seconds are what each
 took on one H200 on 2026-11-26, compilation failures included; a lease of 15 minutes holds
@@ -67,7 +69,15 @@ SCALES = {
                  precision="bf16", memoria="{memoria: {num_wm: 4, num_stm_reminded: 4, num_ltm_reminded: 4, "
                                            "stm_capacity: 16, search_depth: 2}}"),
 }
-PRESETS = ("transformer", "memoria")  # the baseline first: a check cut short still has it
+PRESETS = ("transformer", "memoria")  # the baseline first: a check cut short still has it (`--presets`)
+
+
+def scale(a: argparse.Namespace) -> dict:
+    """The run sizes of this check: the scale's, with the training backbone `--backbone` if given."""
+    s = dict(SCALES["tiny" if a.tiny else "gpu"])
+    if a.backbone:
+        s["train_backbone"] = a.backbone
+    return s
 
 
 def model_settings(scale: dict, preset: str, base: str = "{}") -> str:
@@ -102,12 +112,14 @@ class Check:
     """Runs the parts and collects the report."""
 
     def __init__(self, a: argparse.Namespace) -> None:
-        self.a, self.s = a, SCALES["tiny" if a.tiny else "gpu"]
+        self.a, self.s = a, scale(a)
+        self.presets = a.presets
         self.out = Path(a.out).resolve()
         self.cuda = not a.tiny
         self.t0 = time.time()
         self.report: dict = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "scale":
-                             "tiny" if a.tiny else "gpu", "machine": machine(), "parts": {}, "failures": []}
+                             "tiny" if a.tiny else "gpu", "machine": machine(), "presets": list(a.presets),
+                             "train_backbone": self.s["train_backbone"], "parts": {}, "failures": []}
         self.env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                         TOKENIZERS_PARALLELISM="false")
         if not self.cuda:
@@ -211,16 +223,17 @@ class Check:
         def settings(preset: str) -> str:
             return f"model.settings={model_settings(s, preset, s['train_settings'])}"
 
-        for preset in PRESETS:  # Memoria checkpoints as the killed run does: the resume is compared with it
+        baseline, kinds = self.presets[0], self.presets[1:]
+        for preset in self.presets:  # each memory kind checkpoints as its killed run does: the resume is compared
             run = self.out / f"train_{preset}"
             shutil.rmtree(run, ignore_errors=True)
-            every = s["ckpt"] if preset == "memoria" else 0
+            every = s["ckpt"] if preset != baseline else 0
             args = self.finetune_args(run, preset, s["zero2"], *common, f"checkpoint.every={every}", settings(preset))
             if self.launch(f"train_{preset}", args).returncode == 0:
                 out[preset] = self.train_figures(run)
             drop_checkpoints(run)  # ~11 GB each at `gpt2-large`: a 64 GB disk holds few
-        if s["compiled"]:  # the whole step compiled, through the same loop (ZeRO-2 supports it)
-            for preset in PRESETS:
+        if s["compiled"] and not self.a.eager_only:  # the whole step compiled, through the same loop (ZeRO-2)
+            for preset in self.presets:
                 run = self.out / f"train_{preset}_compiled"
                 shutil.rmtree(run, ignore_errors=True)
                 args = self.finetune_args(run, preset, s["zero2"], *common, "checkpoint.every=0", settings(preset),
@@ -228,22 +241,25 @@ class Check:
                 if self.launch(f"train_{preset}_compiled", args).returncode == 0:
                     out[f"{preset}_compiled"] = self.train_figures(run)
                 drop_checkpoints(run)
-        # Memoria killed after a later step, resumed from the mid-way checkpoint
-        killed = self.out / "train_memoria_resumed"
-        shutil.rmtree(killed, ignore_errors=True)
-        args = self.finetune_args(killed, "memoria", s["zero2"], *common, f"checkpoint.every={s['ckpt']}",
-                                  settings("memoria"))
-        self.launch("train_memoria_killed", args, fault=f"kill_after_step:{s['kill']}")
-        self.launch("train_memoria_resume", [*args, "--resume", "auto"])
-        if (killed / "metrics.jsonl").exists() and "memoria" in out:
-            mine = self.train_figures(killed)["losses"]
-            whole = out["memoria"]["losses"]
-            after = [k for k in range(s["ckpt"] + 1, s["steps"] + 1)]
-            diffs = [abs(mine[k] - whole[k]) for k in after if k in mine and k in whole]
-            out["resume"] = {"compared_steps": f"{after[0]}-{after[-1]}", "steps_compared": len(diffs),
-                             "bit_identical": len(diffs) == len(after) and max(diffs) == 0.0,
-                             "max_abs_loss_diff": max(diffs) if diffs else None}
-        drop_checkpoints(killed)
+        for preset in kinds:  # each memory kind killed after a later step, resumed from the mid-way checkpoint
+            killed = self.out / f"train_{preset}_resumed"
+            shutil.rmtree(killed, ignore_errors=True)
+            args = self.finetune_args(killed, preset, s["zero2"], *common, f"checkpoint.every={s['ckpt']}",
+                                      settings(preset))
+            self.launch(f"train_{preset}_killed", args, fault=f"kill_after_step:{s['kill']}")
+            self.launch(f"train_{preset}_resume", [*args, "--resume", "auto"])
+            if (killed / "metrics.jsonl").exists() and preset in out:
+                mine = self.train_figures(killed)["losses"]
+                whole = out[preset]["losses"]
+                after = [k for k in range(s["ckpt"] + 1, s["steps"] + 1)]
+                diffs = [abs(mine[k] - whole[k]) for k in after if k in mine and k in whole]
+                out.setdefault("resume", {})[preset] = {
+                    "compared_steps": f"{after[0]}-{after[-1]}", "steps_compared": len(diffs),
+                    "bit_identical": len(diffs) == len(after) and max(diffs) == 0.0,
+                    "max_abs_loss_diff": max(diffs) if diffs else None}
+                if not out["resume"][preset]["bit_identical"]:
+                    self.report["failures"].append(f"train_{preset}_resume: losses differ from the uninterrupted run")
+            drop_checkpoints(killed)
         return out
 
     def lora(self) -> dict:
@@ -258,7 +274,7 @@ class Check:
                 model = GPT2LMHeadModel(GPT2Config(**s["lora_shape"]))
             model.to(torch.bfloat16).save_pretrained(backbone)
             del model
-        for preset in PRESETS:
+        for preset in self.presets:
             run = self.out / f"lora_{preset}"
             shutil.rmtree(run, ignore_errors=True)
             extra = [f"model.settings={model_settings(s, preset)}"]
@@ -335,6 +351,7 @@ def _num(x: float | None, spec: str) -> str:
 
 def markdown(r: dict) -> str:
     m, p = r["machine"], r["parts"]
+    presets = r.get("presets", list(PRESETS))
     lines = [f"# GPU acceptance check ({r['scale']} scale), {r['date']}", "",
              f"Machine: {m.get('gpu', 'CPU only')} ({m.get('gpu_memory_gib', '-')} GiB), torch {m['torch']} "
              f"(CUDA {m['cuda']}), deepspeed {m['deepspeed']}, transformers {m['transformers']}, peft {m['peft']}, "
@@ -356,7 +373,7 @@ def markdown(r: dict) -> str:
                   f"{_num(v.get('ratio_same_mode'), '.3f')} |" for n, v in rows.items()]
         lines.append("")
     for part, title in (("train", "Design-card training (ZeRO-2)"), ("lora", "ZeRO-3 + LoRA")):
-        runs = {k: v for k, v in p.get(part, {}).items() if k.removesuffix("_compiled") in PRESETS}
+        runs = {k: v for k, v in p.get(part, {}).items() if k.removesuffix("_compiled") in presets}
         if runs:
             lines += [f"## {title}", "", "| preset | steps | tokens/s | peak GPU GiB | extra |", "|---|---|---|---|---|"]
             for n, v in runs.items():
@@ -364,14 +381,15 @@ def markdown(r: dict) -> str:
                     if "adapter" in v else ""
                 lines.append(f"| {n} | {v['steps']} | {v['tokens_per_s']:.0f} | {v['gpu_peak_gib']:.2f} | {extra} |")
             for mode in ("", "_compiled"):
-                if f"transformer{mode}" in runs and f"memoria{mode}" in runs:
-                    lines.append(f"\nMemoria / plain tokens/s{' (model.compile, both)' if mode else ''}: "
-                                 f"{runs[f'memoria{mode}']['tokens_per_s'] / runs[f'transformer{mode}']['tokens_per_s']:.3f}")
+                base = runs.get(f"{presets[0]}{mode}")
+                for kind in (k for k in presets[1:] if base and f"{k}{mode}" in runs):
+                    lines.append(f"\n{kind} / {presets[0]} tokens/s{' (model.compile, both)' if mode else ''}: "
+                                 f"{runs[f'{kind}{mode}']['tokens_per_s'] / base['tokens_per_s']:.3f}")
             lines.append("")
-    if "resume" in p.get("train", {}):
-        res = p["train"]["resume"]
-        lines += [f"Resume (`--resume auto` after a kill): steps {res['compared_steps']} bit-identical to the "
-                  f"uninterrupted run: {res['bit_identical']} (max |loss difference| {res['max_abs_loss_diff']}).", ""]
+    for kind, res in p.get("train", {}).get("resume", {}).items():
+        lines += [f"Resume of `{kind}` (`--resume auto` after a kill): steps {res['compared_steps']} bit-identical to "
+                  f"the uninterrupted run: {res['bit_identical']} (max |loss difference| {res['max_abs_loss_diff']}).",
+                  ""]
     lines += ["## Failures", ""] + ([f"- {f}" for f in r["failures"]] or ["none"])
     return "\n".join(lines) + "\n"
 
@@ -387,13 +405,13 @@ def dry_run(a: argparse.Namespace) -> int:
     from memoria_ds.train.engine import check_ds_config
     from memoria_ds.train.parse import load
 
-    s = SCALES["tiny" if a.tiny else "gpu"]
+    s = scale(a)
     plans = []
-    for preset in PRESETS:
+    for preset in a.presets:
         plans.append((f"train_{preset}", s["zero2"], [f"model.backbone={s['train_backbone']}",
                       "model.from_scratch=true", f"model.settings={model_settings(s, preset, s['train_settings'])}",
                       f"optim.micro_batch_size={s['micro']}", f"model.preset={preset}"]))
-        if s["compiled"]:
+        if s["compiled"] and not a.eager_only:
             plans.append((f"train_{preset}_compiled", s["zero2"], [*plans[-1][2], f"model.compile={s['compiled']}"]))
         shape = "{" + ", ".join(f"{k}: {v}" for k, v in s["lora_shape"].items()) + "}"
         plans.append((f"lora_{preset}(shape)", s["zero3"], ["model.backbone=gpt2", "model.from_scratch=true",
@@ -420,11 +438,24 @@ def main() -> int:
     p.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {PARTS}")
     p.add_argument("--tiny", action="store_true", help="tiny shapes, CPU allowed (checks the check itself)")
     p.add_argument("--dry-run", action="store_true", help="validate the configs, build models on meta, run nothing")
+    p.add_argument("--presets", default=",".join(PRESETS),
+                   help="train/lora parts: the baseline first, then the memory kinds, each trained and killed-and-resumed")
+    p.add_argument("--backbone", default=None, help="the training runs' backbone shape (default: the scale's, "
+                                                    "gpt2-large on a GPU; gpt2 fits a 15-minute lease)")
+    p.add_argument("--eager-only", action="store_true", help="train part: skip the model.compile runs")
     a = p.parse_args()
     a.only = [x for x in a.only.split(",") if x]
     unknown = sorted(set(a.only) - set(PARTS))
     if unknown:
         print(f"gpu_check: unknown part(s) {unknown}; choose from {list(PARTS)}", file=sys.stderr)
+        return 2
+    from memoria_ds.model import PRESETS as MODEL_PRESETS
+
+    a.presets = [x for x in a.presets.split(",") if x]
+    wrong = [x for x in a.presets if x not in MODEL_PRESETS]
+    if wrong or len(a.presets) < 2 or len(set(a.presets)) < len(a.presets):
+        print(f"gpu_check: --presets {','.join(a.presets)}: a baseline and at least one memory kind, each once, "
+              f"from {sorted(MODEL_PRESETS)}" + (f" (unknown: {wrong})" if wrong else ""), file=sys.stderr)
         return 2
     problem = missing_requirements(need_cuda=not (a.tiny or a.dry_run))
     if problem:

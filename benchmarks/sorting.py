@@ -87,7 +87,7 @@ def train(spec: str, seed: int, a: argparse.Namespace, data) -> tuple[torch.nn.M
     per_example = 1 if a.bptt_example else len(streams.scored_segments)
     a.steps = a.epochs * streams.num_batches * per_example  # updates, for the LR schedule
     model, knobs = make_model(spec, a, seed)
-    model.train()
+    model.to(a.device).train()
     opt, sched = optimiser(model, a, knobs)
     policy = ResetPolicy(at_document_start=True)
     (residual, hook), memory, losses, norms = watch_residual(model), None, [], []
@@ -95,7 +95,7 @@ def train(spec: str, seed: int, a: argparse.Namespace, data) -> tuple[torch.nn.M
     last = streams.segments_per_example - 1
     for epoch in range(a.epochs):
         for step in range(streams.steps_per_epoch):
-            batch = streams.batch_at(epoch, step)
+            batch = streams.batch_at(epoch, step).to(a.device)
             scored = streams.has_targets(step)  # the other segments run forward only, to write the memory
             with torch.set_grad_enabled(scored or a.bptt_example):  # `--bptt-example`: the input's writes too
                 out = model(batch.input_ids, shift_labels=batch.targets if scored else None, memory=memory,
@@ -183,6 +183,7 @@ def check_arguments(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         except ValueError as e:
             p.error(f"--segments {k}: {e}")
     arguments.output_file(p, "--json", a.json)
+    arguments.device(p, a.device)
 
 
 def main() -> None:
@@ -210,6 +211,7 @@ def main() -> None:
                    help="one update per example, every segment with gradients and the memory's graph kept across "
                         "them (optim.bptt_segments over an example; memformer's writer trains only so)")
     p.add_argument("--oracle", action="store_true", help="only print the counting oracle's accuracy")
+    p.add_argument("--device", default="cpu", help="where each run trains and is scored (cpu, cuda, cuda:1)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
     p.add_argument("--jobs", type=int, default=2, help="runs at once, one process each (2 on a 2-core machine)")
     p.add_argument("--json", default=None)

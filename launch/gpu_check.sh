@@ -3,7 +3,8 @@
 # design-card DeepSpeed run in bf16 with kill-and-resume, ZeRO-3 + LoRA at the gpt2-xl shape;
 # one report (runs/gpu_check/report.md + report.json). Offline: no hub, no downloads.
 #
-#   bash launch/gpu_check.sh [--out DIR] [--only tests,memory,model,train,lora] [--tiny] [--dry-run]
+#   bash launch/gpu_check.sh [--out DIR] [--only tests,memory,model,train,lora] [--presets transformer,KIND,...]
+#                             [--backbone SHAPE] [--eager-only] [--tiny] [--dry-run]
 #
 # It uses the Python environment it finds (GPU machines are often offline: bring the
 # environment; it names what is missing in one line). --dry-run validates every config it

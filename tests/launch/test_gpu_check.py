@@ -48,7 +48,24 @@ def test_the_whole_check_at_tiny_shapes(tmp_path):
     assert set(parts["model"]["small"]) == {"transformer", "xl", "memoria", "memoria_full_width"}
     for part in ("train", "lora"):
         assert parts[part]["memoria"]["tokens_per_s"] > 0 and parts[part]["transformer"]["tokens_per_s"] > 0
-    assert parts["train"]["resume"]["bit_identical"] is True and parts["train"]["resume"]["steps_compared"] == 3
+    resume = parts["train"]["resume"]["memoria"]
+    assert resume["bit_identical"] is True and resume["steps_compared"] == 3
     assert parts["lora"]["memoria"]["adapter"]["complete"] and parts["lora"]["memoria"]["adapter"]["tensors"] > 0
     text = (out / "report.md").read_text()
-    assert "Memoria / plain tokens/s" in text and "bit-identical to the uninterrupted run: True" in text
+    assert "memoria / transformer tokens/s" in text and "bit-identical to the uninterrupted run: True" in text
+
+
+def test_other_kinds_are_checked_by_name(tmp_path):
+    """`--presets`: the baseline, then each memory kind trained, killed and resumed."""
+    proc = _run("--presets", "transformer,nope")
+    assert proc.returncode == 2 and "(unknown: ['nope'])" in proc.stderr.strip().splitlines()[-1]
+    assert _run("--presets", "transformer").returncode == 2  # a baseline alone checks no memory
+    out = tmp_path / "gpu_check"
+    proc = _run("--tiny", "--out", str(out), "--only", "train", "--presets", "transformer,memorizing", "--eager-only")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["presets"] == ["transformer", "memorizing"] and report["failures"] == []
+    train = report["parts"]["train"]
+    assert set(train) == {"transformer", "memorizing", "resume", "seconds"}  # no compiled runs
+    assert train["resume"]["memorizing"]["bit_identical"] is True
+    assert "Resume of `memorizing`" in (out / "report.md").read_text()

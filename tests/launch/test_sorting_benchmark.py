@@ -77,3 +77,12 @@ def test_the_benchmark_runs_and_its_table_reads_back(tmp_path):
                            capture_output=True, text=True, timeout=120)  # fmt: skip
     assert table.returncode == 0 and "memoria_wm" in table.stdout and "2 segments" in table.stdout
     assert "accuracy with the memory reset before every segment" in table.stdout and "memory +0.0 (n=1)" in table.stdout
+
+
+@pytest.mark.parametrize("device, message", [("bogus", "--device bogus"), ("meta", "--device meta: cpu or cuda")]
+                         + ([] if __import__("torch").cuda.is_available() else
+                            [("cuda", "--device cuda: this machine has no CUDA device")]))  # fmt: skip
+def test_a_device_it_cannot_use_is_refused_before_any_data(device, message):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sorting.py"), "--device", device], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and message in done.stderr.splitlines()[-1], done.stderr[-500:]
