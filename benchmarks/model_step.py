@@ -75,7 +75,7 @@ from memoria_ds.memory import memorize, remind
 from memoria_ds.memory.compiled import error_gist
 from memoria_ds.model import build_model
 
-from real_text import parse_variant  # noqa: E402  (benchmarks/real_text.py: `preset+key=value` variant names)
+from recipe import parse_variant  # noqa: E402  (benchmarks/recipe.py: `preset+key=value` variant names)
 
 SHAPES = {
     "small": dict(n_layer=4, n_embd=256, n_head=4),

@@ -56,7 +56,7 @@ from memoria_ds.model import PRESETS, build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import arguments  # noqa: E402
-from real_text import curve, optimiser, parse_variant, update, watch_residual  # noqa: E402  (the same optimiser and variant syntax)
+from recipe import curve, optimiser, parse_variant, update, watch_residual  # noqa: E402  (benchmarks/recipe.py: the same optimiser and variant syntax)
 
 CHANCE = statistics.fmean(1.0 / (NUM_SYMBOLS - k) for k in range(NUM_SYMBOLS))
 
