@@ -119,6 +119,7 @@ class Check:
         self.t0 = time.time()
         self.report: dict = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "scale":
                              "tiny" if a.tiny else "gpu", "machine": machine(), "presets": list(a.presets),
+                             "deterministic": a.deterministic,
                              "train_backbone": self.s["train_backbone"], "parts": {}, "failures": []}
         self.env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                         TOKENIZERS_PARALLELISM="false")
@@ -147,7 +148,7 @@ class Check:
         return ["--deepspeed", str(ROOT / ds), f"run_dir={run_dir}", f"model.preset={preset}",
                 f"optim.precision={s['precision']}", "data.corpus=bundled", f"data.segment_length={s['segment']}",
                 "log.tensorboard=false", "log.progress=false", "log.every=1", "eval.at_end=false",
-                "checkpoint.export=false", *extra]
+                "checkpoint.export=false", *(["deterministic=true"] if self.a.deterministic else []), *extra]
 
     def launch(self, name: str, args: list[str], fault: str | None = None) -> subprocess.CompletedProcess:
         """`deepspeed --num_gpus 1 launch/finetune.py ARGS`; `fault` kills it on purpose (faults.py)."""
@@ -443,6 +444,8 @@ def main() -> int:
     p.add_argument("--backbone", default=None, help="the training runs' backbone shape (default: the scale's, "
                                                     "gpt2-large on a GPU; gpt2 fits a 15-minute lease)")
     p.add_argument("--eager-only", action="store_true", help="train part: skip the model.compile runs")
+    p.add_argument("--deterministic", action="store_true",
+                   help="train and lora runs with `deterministic=true` (torch's deterministic kernels)")
     a = p.parse_args()
     a.only = [x for x in a.only.split(",") if x]
     unknown = sorted(set(a.only) - set(PARTS))

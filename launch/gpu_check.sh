@@ -4,7 +4,7 @@
 # one report (runs/gpu_check/report.md + report.json). Offline: no hub, no downloads.
 #
 #   bash launch/gpu_check.sh [--out DIR] [--only tests,memory,model,train,lora] [--presets transformer,KIND,...]
-#                             [--backbone SHAPE] [--eager-only] [--tiny] [--dry-run]
+#                             [--backbone SHAPE] [--eager-only] [--deterministic] [--tiny] [--dry-run]
 #
 # It uses the Python environment it finds (GPU machines are often offline: bring the
 # environment; it names what is missing in one line). --dry-run validates every config it

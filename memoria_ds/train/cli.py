@@ -12,6 +12,7 @@ starts, with a message that says what to change.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..eval.gain import memory_gain
@@ -74,6 +75,13 @@ def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2"
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
+    if cfg.deterministic:  # before any CUDA work, in every rank's process
+        from .determinism import make_deterministic
+
+        make_deterministic()
+        if os.environ.get("RANK", "0") == "0":
+            print(f"deterministic: torch's deterministic algorithms on "
+                  f"(CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']})", flush=True)
     from . import distributed as dist_utils
     from .build import DataPreparationFailed
     from .health import DivergedState

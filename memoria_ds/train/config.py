@@ -517,12 +517,18 @@ class RunConfig(Section):
         run_dir: where the resolved config, metrics, TensorBoard logs, checkpoints and the
             export go.
         seed: seeds every RNG (per rank: seed + rank for dropout streams).
+        deterministic: every op on a deterministic kernel (`torch.use_deterministic_algorithms`,
+            cuBLAS's fixed workspace), so that a step on a GPU repeats bit for bit and a resumed
+            run follows the uninterrupted one exactly; an op without such a kernel stops the run
+            with torch's error. Off by default: on a GPU it can cost speed (CPU steps repeat
+            anyway). See memoria_ds/train/determinism.py.
         engine: `deepspeed` (default) or `torch` (plain PyTorch, one process).
         deepspeed: the DeepSpeed JSON (ds_configs/); `--deepspeed` on the command line sets it.
     """
 
     run_dir: str = "runs/default"
     seed: int = 1234
+    deterministic: bool = False
     engine: Literal["deepspeed", "torch"] = "deepspeed"
     deepspeed: str = "ds_configs/cpu.json"
     model: ModelSection = Field(default_factory=ModelSection)

@@ -61,10 +61,12 @@ def test_other_kinds_are_checked_by_name(tmp_path):
     assert proc.returncode == 2 and "(unknown: ['nope'])" in proc.stderr.strip().splitlines()[-1]
     assert _run("--presets", "transformer").returncode == 2  # a baseline alone checks no memory
     out = tmp_path / "gpu_check"
-    proc = _run("--tiny", "--out", str(out), "--only", "train", "--presets", "transformer,memorizing", "--eager-only")
+    proc = _run("--tiny", "--out", str(out), "--only", "train", "--presets", "transformer,memorizing", "--eager-only",
+                "--deterministic")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
-    assert report["presets"] == ["transformer", "memorizing"] and report["failures"] == []
+    assert report["presets"] == ["transformer", "memorizing"] and report["failures"] == [] and report["deterministic"]
+    assert "deterministic=true" in (out / "logs" / "train_memorizing_resume.log").read_text().splitlines()[0]
     train = report["parts"]["train"]
     assert set(train) == {"transformer", "memorizing", "resume", "seconds"}  # no compiled runs
     assert train["resume"]["memorizing"]["bit_identical"] is True
