@@ -72,7 +72,7 @@ SCALES = {
 PRESETS = ("transformer", "memoria")  # the baseline first: a check cut short still has it (`--presets`)
 
 
-def scale(a: argparse.Namespace) -> dict:
+def run_sizes(a: argparse.Namespace) -> dict:
     """The run sizes of this check: the scale's, with the training backbone `--backbone` if given."""
     s = dict(SCALES["tiny" if a.tiny else "gpu"])
     if a.backbone:
@@ -112,7 +112,7 @@ class Check:
     """Runs the parts and collects the report."""
 
     def __init__(self, a: argparse.Namespace) -> None:
-        self.a, self.s = a, scale(a)
+        self.a, self.s = a, run_sizes(a)
         self.presets = a.presets
         self.out = Path(a.out).resolve()
         self.cuda = not a.tiny
@@ -406,7 +406,7 @@ def dry_run(a: argparse.Namespace) -> int:
     from memoria_ds.train.engine import check_ds_config
     from memoria_ds.train.parse import load
 
-    s = scale(a)
+    s = run_sizes(a)
     plans = []
     for preset in a.presets:
         plans.append((f"train_{preset}", s["zero2"], [f"model.backbone={s['train_backbone']}",
