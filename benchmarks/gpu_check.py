@@ -113,7 +113,6 @@ class Check:
 
     def __init__(self, a: argparse.Namespace) -> None:
         self.a, self.s = a, run_sizes(a)
-        self.presets = a.presets
         self.out = Path(a.out).resolve()
         self.cuda = not a.tiny
         self.t0 = time.time()
@@ -224,8 +223,8 @@ class Check:
         def settings(preset: str) -> str:
             return f"model.settings={model_settings(s, preset, s['train_settings'])}"
 
-        baseline, kinds = self.presets[0], self.presets[1:]
-        for preset in self.presets:  # each memory kind checkpoints as its killed run does: the resume is compared
+        baseline, kinds = self.a.presets[0], self.a.presets[1:]
+        for preset in self.a.presets:  # each memory kind checkpoints as its killed run does: the resume is compared
             run = self.out / f"train_{preset}"
             shutil.rmtree(run, ignore_errors=True)
             every = s["ckpt"] if preset != baseline else 0
@@ -234,7 +233,7 @@ class Check:
                 out[preset] = self.train_figures(run)
             drop_checkpoints(run)  # ~11 GB each at `gpt2-large`: a 64 GB disk holds few
         if s["compiled"] and not self.a.eager_only:  # the whole step compiled, through the same loop (ZeRO-2)
-            for preset in self.presets:
+            for preset in self.a.presets:
                 run = self.out / f"train_{preset}_compiled"
                 shutil.rmtree(run, ignore_errors=True)
                 args = self.finetune_args(run, preset, s["zero2"], *common, "checkpoint.every=0", settings(preset),
@@ -275,7 +274,7 @@ class Check:
                 model = GPT2LMHeadModel(GPT2Config(**s["lora_shape"]))
             model.to(torch.bfloat16).save_pretrained(backbone)
             del model
-        for preset in self.presets:
+        for preset in self.a.presets:
             run = self.out / f"lora_{preset}"
             shutil.rmtree(run, ignore_errors=True)
             extra = [f"model.settings={model_settings(s, preset)}"]

@@ -42,7 +42,7 @@ The default trains on the addresses of 1790-1999 and the two Canterbury books
 Variants are presets (`transformer`, `xl`, `memoria`, `memoria_full_width`, ...) with
 optional `+key=value` model settings, e.g. `memoria+memory_init=random` or
 `xl+xl_memory_length=32`; `+opt.X=...` sets an optimiser knob of this script (see
-`OPT_KNOBS`), e.g. `memoria+opt.clip=separate`.
+`OPT_KNOBS` in benchmarks/recipe.py), e.g. `memoria+opt.clip=separate`.
 """
 
 from __future__ import annotations
@@ -78,8 +78,7 @@ from memoria_ds.model import PRESETS, build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import arguments  # noqa: E402  (benchmarks/arguments.py: the option checks shared with sorting.py)
-from recipe import (OPT_KNOBS, clip, curve, group_norms, optimiser, parse_variant, update,  # noqa: E402, F401
-                    watch_residual)  # (benchmarks/recipe.py; re-exported: tests and scripts read them here)
+from recipe import curve, optimiser, parse_variant, update, watch_residual  # noqa: E402  (benchmarks/recipe.py)
 
 CANTERBURY = {"alice29", "asyoulik", "lcet10", "plrabn12"}
 BROTLI_SDIST = "brotli==1.2.1"

@@ -79,9 +79,6 @@ def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2"
         from .determinism import make_deterministic
 
         make_deterministic()
-        if os.environ.get("RANK", "0") == "0":
-            print(f"deterministic: torch's deterministic algorithms on "
-                  f"(CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']})", flush=True)
     from . import distributed as dist_utils
     from .build import DataPreparationFailed
     from .health import DivergedState
@@ -89,6 +86,9 @@ def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2"
     from .preemption import EXIT_STOPPED, Stopped
 
     info = dist_utils.init_distributed(use_deepspeed=cfg.engine == "deepspeed")
+    if cfg.deterministic and info.is_main:
+        print(f"deterministic: torch's deterministic algorithms on "
+              f"(CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']})", flush=True)
     code = 0
     try:
         summary = run(cfg, info)

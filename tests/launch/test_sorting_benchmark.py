@@ -9,6 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 
 from bench_util import ROOT, load_benchmark
 
@@ -80,7 +81,7 @@ def test_the_benchmark_runs_and_its_table_reads_back(tmp_path):
 
 
 @pytest.mark.parametrize("device, message", [("bogus", "--device bogus"), ("meta", "--device meta: cpu or cuda")]
-                         + ([] if __import__("torch").cuda.is_available() else
+                         + ([] if torch.cuda.is_available() else
                             [("cuda", "--device cuda: this machine has no CUDA device")]))  # fmt: skip
 def test_a_device_it_cannot_use_is_refused_before_any_data(device, message):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sorting.py"), "--device", device], cwd=ROOT,

@@ -10,7 +10,7 @@ import torch
 
 from memoria_ds.train.config import RunConfig
 from memoria_ds.train.determinism import CUBLAS_WORKSPACE, make_deterministic
-from memoria_ds.train.parse import load
+from memoria_ds.train.parse import ConfigError, load
 
 from .launch_util import run_training
 
@@ -38,7 +38,7 @@ def test_it_turns_torchs_deterministic_mode_on(restore_mode, monkeypatch):
 def test_the_setting_is_typed_and_off_by_default():
     assert load(RunConfig, None, []).deterministic is False
     assert load(RunConfig, None, ["deterministic=true"]).deterministic is True
-    with pytest.raises(Exception, match="deterministic"):
+    with pytest.raises(ConfigError, match="deterministic"):
         load(RunConfig, None, ["deterministic=sometimes"])
 
 
