@@ -196,6 +196,17 @@ def test_eager_attention_equals_sdpa():
     torch.testing.assert_close(model(ids, attention_mask=mask).logits, sdpa, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_the_causal_path_equals_the_masked_path(implementation):
+    """Without an attention mask the contextual memory reads (k[1:], k[:-1]) causally (SDPA's
+    flash kernel on a GPU); with an all-ones mask, through the boolean mask: the same logits."""
+    model = model_of()
+    model.config._attn_implementation = implementation
+    ids = torch.randint(0, 37, (2, 12), generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(model(ids).logits, model(ids, attention_mask=torch.ones_like(ids)).logits,
+                               atol=1e-12, rtol=0)
+
+
 def test_long_segments_train_with_finite_gradients():
     """fp32, 128 tokens, leak rates up to 5: exp(5 * 127) overflows; no gradient may be NaN."""
     torch.manual_seed(9)

@@ -100,16 +100,28 @@ class MemorizingMemory(BatchRows):
         return self.mask.shape[1]
 
     def reset(self, mask: Tensor | None = None) -> None:
-        """Forget all rows, or the rows where the (B,) bool `mask` is True, in place (zeroed, as XL's)."""
+        """Forget all rows, or the rows where the (B,) bool `mask` is True, in place (zeroed, as XL's).
+
+        Forgetting all rows empties the memory (length 0). On CPU, where reading the mask costs
+        no device sync, the oldest slots that no row holds any more are dropped too, so a batch
+        reset at its documents' start searches only what it holds, not the cap's length of
+        masked slots (the same result: a masked slot is never read). On an accelerator the
+        length is kept: finding those slots would stall the host on every step.
+        """
         if mask is None:
-            for t in (self.mask, self.keys, self.values):
-                t.zero_()
+            self.keys, self.values, self.mask = self.keys[:, :, :0], self.values[:, :, :0], self.mask[:, :0]
             return
         mask = mask.to(self.mask.device, torch.bool)
         self.mask.masked_fill_(mask[:, None], False)
         rows = mask[:, None, None, None]  # (B, 1, 1, 1) over (B, H, M, hd)
         self.keys.masked_fill_(rows, 0.0)
         self.values.masked_fill_(rows, 0.0)
+        if self.mask.device.type == "cpu":
+            held = self.mask.any(0)  # (M,): slots some row still holds; the oldest first
+            start = int(held.int().argmax()) if bool(held.any()) else self.length
+            if start:
+                self.keys, self.values, self.mask = (t.narrow(d, start, self.length - start)
+                                                     for t, d in ((self.keys, 2), (self.values, 2), (self.mask, 1)))
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "memorizing", "format": FORMAT, "keys": self.keys, "values": self.values, "mask": self.mask}
