@@ -107,7 +107,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: floa
 
 def attend_causal(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, eager: bool) -> Tensor:
     """`attend` with query i reading keys j <= i (q, k, v of one length): SDPA's `is_causal`,
-    which takes the flash kernel on a GPU (no mask in memory, a deterministic backward)."""
+    which takes the flash kernel on a GPU (no mask in memory; its backward repeated bit for bit
+    on an H200, where the masked kernel's does not)."""
     if not eager:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=1.0)
     L = q.shape[-2]
@@ -302,4 +303,5 @@ class PersistentMemory(nn.Module):
 
 
 __all__ = ["OutProj", "readable", "ContextualMemory", "PersistentMemory", "KeyExtractor", "ValueExtractor",
-           "leaky_average", "peek_ahead", "normalise", "attend", "attend_causal", "contextual_mask", "split_heads", "merge_heads"]
+           "leaky_average", "peek_ahead", "normalise", "attend", "attend_causal", "contextual_mask", "split_heads",
+           "merge_heads"]
