@@ -120,7 +120,8 @@ class MemorizingMemory(BatchRows):
             held = self.mask.any(0)  # (M,): slots some row still holds; the oldest first
             start = int(held.int().argmax()) if bool(held.any()) else self.length
             if start:
-                self.keys, self.values, self.mask = self.keys[:, :, start:], self.values[:, :, start:], self.mask[:, start:]
+                self.keys, self.values = self.keys[:, :, start:], self.values[:, :, start:]
+                self.mask = self.mask[:, start:]
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "memorizing", "format": FORMAT, "keys": self.keys, "values": self.values, "mask": self.mask}
