@@ -14,8 +14,8 @@ hard case for quantisation, ties never happen).
     python benchmarks/knn_index.py --model runs/quickstart/export --text moby_dick --entries 100000
 
 `--indexes` is `;`-separated (a factory string has commas of its own). With `--model` (what
-`launch/evaluate.py` takes: a run directory, a save_pretrained directory or a hub id) the keys are that model's own: the
-datastore is the toolkit's (`eval.configured.train_datastore`: the model reads `--text`,
+`launch/evaluate.py` takes: a run directory, a save_pretrained directory or a hub id) the keys
+are that model's own: the datastore is the toolkit's (`eval.configured.train_datastore`: the model reads `--text`,
 `benchmarks/real_text.py`'s names or a path, GPT-2-tokenized, in `--batch` streams of
 `--segment` tokens with its memory, keeping kNN-LM's key of every position), its first
 `--entries` entries are searched and the next `--batch` x `--segment` are the queries;
@@ -37,28 +37,32 @@ from real_text import known_text, load_texts  # noqa: E402  (the long texts it t
 
 from memoria_ds.eval.knn_lm import Datastore, KNNLMSettings, index_datastore, knn_log_prob, squared_distances
 
-def model_keys(a: argparse.Namespace, model: torch.nn.Module) -> tuple[Datastore, torch.Tensor, torch.Tensor]:
-    """(the store of the model's first `a.entries` keys over `a.text`, the next B x L keys as
+
+
+def text_tokens(name: str) -> list[list[int]]:
+    """`name`'s documents, GPT-2-tokenized, each ended by end-of-text (as `real_text.py` reads them)."""
+    from memoria_ds.data.tokenize import gpt2_tokenizer_offline
+
+    tok = gpt2_tokenizer_offline()
+    return [tok(d)["input_ids"] + [tok.eos_token_id] for texts in load_texts([name]).values() for d in texts]
+
+
+def model_keys(a: argparse.Namespace, model: torch.nn.Module,
+               docs: list[list[int]]) -> tuple[Datastore, torch.Tensor, torch.Tensor]:
+    """(the store of the model's first `a.entries` keys over `docs`, the next B x L keys as
     queries (B, L, D), their next tokens (B, L)), read as kNN-LM's training datastore is."""
     from memoria_ds.data.reset import ResetPolicy
     from memoria_ds.data.token_corpus import TokenCorpus
-    from memoria_ds.data.tokenize import gpt2_tokenizer_offline
     from memoria_ds.eval.configured import train_datastore
 
-    tok = gpt2_tokenizer_offline()
-    docs = [tok(d)["input_ids"] + [tok.eos_token_id] for texts in load_texts([a.text]).values() for d in texts]
     wanted = a.entries + a.batch * a.segment
     with torch.no_grad():
         full = train_datastore(model, TokenCorpus.from_token_lists(docs), KNNLMSettings(k=a.k),
                                segment_length=a.segment, streams=a.batch, reset=ResetPolicy(at_document_start=True),
                                max_entries=wanted, device=torch.device("cpu"))  # fmt: skip
-    n = full.keys.shape[1]
-    if n < wanted:
-        raise SystemExit(f"--text {a.text} gives {n} keys; --entries {a.entries} and {a.batch} x {a.segment} "
-                         f"queries need {wanted}: lower --entries or give a longer text")
-    store = Datastore(full.keys[:, :a.entries], full.values[:, :a.entries], full.valid[:, :a.entries])
-    rest = full.keys[0, a.entries:wanted]
-    return store, rest.view(a.batch, a.segment, -1), full.values[0, a.entries:wanted].view(a.batch, a.segment)
+    store = Datastore(full.keys[:, : a.entries], full.values[:, : a.entries], full.valid[:, : a.entries])
+    queries = full.keys[0, a.entries : wanted].reshape(a.batch, a.segment, -1)
+    return store, queries, full.values[0, a.entries : wanted].reshape(a.batch, a.segment)
 
 
 def main() -> None:
@@ -89,11 +93,16 @@ def main() -> None:
     if a.model is not None:
         from memoria_ds.train.evaluate import load_model, resolve_model
 
+        docs = text_tokens(a.text)
+        keys = sum(len(d) - 1 for d in docs)  # every token but a document's last has a next token
+        if keys < a.entries + a.batch * a.segment:
+            p.error(f"--text {a.text} gives {keys} keys; --entries {a.entries} and {a.batch} x {a.segment} queries "
+                    f"need {a.entries + a.batch * a.segment}: lower --entries or give a longer text")
         try:  # a run directory, a save_pretrained directory or a hub id, as launch/evaluate.py takes
             model = load_model(resolve_model(a.model)[0], torch.device("cpu"), "fp32")
         except (OSError, ValueError) as e:  # ValueError: ConfigError too
             p.error(f"--model {a.model}: {str(e).splitlines()[0]}")
-        store, queries, targets = model_keys(a, model)
+        store, queries, targets = model_keys(a, model, docs)
         a.dim = queries.shape[2]
     else:
         g = torch.Generator().manual_seed(0)
@@ -117,8 +126,9 @@ def main() -> None:
         return statistics.median(times)
 
     exact_s = timed(store)
-    print(f"keys={a.model or 'random'}{f' over {a.text}' if a.model else ''} entries={a.entries} dim={a.dim} batch={a.batch} segment={a.segment} k={a.k} nprobe={a.nprobe} "
-          f"threads={a.threads} rounds={a.rounds}")
+    keys = f"{a.model} over {a.text}" if a.model else "random"
+    print(f"keys={keys} entries={a.entries} dim={a.dim} batch={a.batch} segment={a.segment} k={a.k} "
+          f"nprobe={a.nprobe} threads={a.threads} rounds={a.rounds}")
     print(f"{'index':<18}{'build (s)':>10}{'CPU s / segment':>17}{'vs exact':>10}{'recall@k':>10}")
     print(f"{'exact':<18}{0.0:>10.1f}{exact_s:>17.3f}{1.0:>10.2f}{1.0:>10.3f}")
     for factory in [f.strip() for f in a.indexes.split(";") if f.strip()]:
