@@ -33,18 +33,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_text import known_text, load_texts  # noqa: E402  (the long texts it trains on)
+from real_text import known_text, training_tokens  # noqa: E402  (the long texts it trains on)
 
 from memoria_ds.eval.knn_lm import Datastore, KNNLMSettings, index_datastore, knn_log_prob, squared_distances
-
-
-
-def text_tokens(name: str) -> list[list[int]]:
-    """`name`'s documents, GPT-2-tokenized, each ended by end-of-text (as `real_text.py` reads them)."""
-    from memoria_ds.data.tokenize import gpt2_tokenizer_offline
-
-    tok = gpt2_tokenizer_offline()
-    return [tok(d)["input_ids"] + [tok.eos_token_id] for texts in load_texts([name]).values() for d in texts]
 
 
 def model_keys(a: argparse.Namespace, model: torch.nn.Module,
@@ -91,13 +82,14 @@ def main() -> None:
     except ImportError:
         p.error("FAISS is not installed: pip install faiss-cpu (or memoria_ds[faiss])")
     if a.model is not None:
+        from memoria_ds.data.tokenize import gpt2_tokenizer_offline
         from memoria_ds.train.evaluate import load_model, resolve_model
 
-        docs = text_tokens(a.text)
-        keys = sum(len(d) - 1 for d in docs)  # every token but a document's last has a next token
-        if keys < a.entries + a.batch * a.segment:
+        docs = training_tokens([a.text], gpt2_tokenizer_offline())
+        keys, wanted = sum(len(d) - 1 for d in docs), a.entries + a.batch * a.segment  # a last token has no next
+        if keys < wanted:
             p.error(f"--text {a.text} gives {keys} keys; --entries {a.entries} and {a.batch} x {a.segment} queries "
-                    f"need {a.entries + a.batch * a.segment}: lower --entries or give a longer text")
+                    f"need {wanted}: lower --entries or give a longer text")
         try:  # a run directory, a save_pretrained directory or a hub id, as launch/evaluate.py takes
             model = load_model(resolve_model(a.model)[0], torch.device("cpu"), "fp32")
         except (OSError, ValueError) as e:  # ValueError: ConfigError too

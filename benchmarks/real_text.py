@@ -178,6 +178,11 @@ def load_texts(names: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def training_tokens(names: list[str], tok) -> list[list[int]]:
+    """The documents of `names` (`load_texts`), tokenized by `tok`, each ended by its end-of-text."""
+    return [tok(d)["input_ids"] + [tok.eos_token_id] for docs in load_texts(names).values() for d in docs]
+
+
 def known_text(name: str) -> bool:
     """Whether `load_texts` can read `name` (without downloading anything)."""
     return name.startswith("sotu:") or name == "moby_dick" or name in CANTERBURY or Path(name).is_file()
@@ -512,8 +517,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
 
     tok = gpt2_tokenizer_offline()
-    eos = tok.eos_token_id
-    train_docs = [tok(d)["input_ids"] + [eos] for docs in load_texts(a.train.split(",")).values() for d in docs]
+    train_docs = training_tokens(a.train.split(","), tok)
     held = {k: [tok(d)["input_ids"] for d in docs] for k, docs in load_texts(a.heldout.split(",")).items()}
     a.vocab_size = len(tok)
     if not a.full_vocab:

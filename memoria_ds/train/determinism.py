@@ -1,10 +1,11 @@
 """`deterministic: true`: every op on a deterministic kernel, so that a step repeats bit for bit.
 
 On a CPU the toolkit's steps already repeat. On a GPU some kernels accumulate in an order
-that changes from run to run: SDPA's memory-efficient kernel, which a masked attention
-takes (the Memory Mosaic's), splits its backward over the keys unless torch's deterministic
-mode is on (aten/src/ATen/native/transformers/cuda/attention_backward.cu), and cuBLAS needs
-a fixed workspace (`CUBLAS_WORKSPACE_CONFIG`). With the mode on, an op that has no
+that changes from run to run: SDPA's fused kernels, which the Memory Mosaics' attention
+takes (the persistent memory's read, the carried memory's masked read), split their backward
+over the keys unless torch's deterministic mode is on
+(aten/src/ATen/native/transformers/cuda/attention_backward.cu; measured on an H200,
+docs/benchmarks.md), and cuBLAS needs a fixed workspace (`CUBLAS_WORKSPACE_CONFIG`). With the mode on, an op that has no
 deterministic kernel stops the run with torch's error naming it, instead of drifting.
 """
 

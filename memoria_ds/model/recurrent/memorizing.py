@@ -117,8 +117,8 @@ class MemorizingMemory(BatchRows):
         self.keys.masked_fill_(rows, 0.0)
         self.values.masked_fill_(rows, 0.0)
         if self.mask.device.type == "cpu":
-            held = self.mask.any(0)  # (M,): slots some row still holds; the oldest first
-            start = int(held.int().argmax()) if bool(held.any()) else self.length
+            held = self.mask.any(0).nonzero()  # slots some row still holds, the oldest first
+            start = int(held[0]) if len(held) else self.length
             if start:
                 self.keys, self.values = self.keys[:, :, start:], self.values[:, :, start:]
                 self.mask = self.mask[:, start:]
