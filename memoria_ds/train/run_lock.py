@@ -6,10 +6,13 @@ file says who holds it (pid, host, start time) for the refusal message.
 
     probe(run_dir)          every rank, before anything expensive: refuse a directory in use
                             (or one that cannot be created or written)
-    RunLock(run_dir).acquire()   rank 0, when it creates the directory: hold it to the end
+    RunLock(run_dir).acquire()   rank 0, first thing once the ranks have joined: hold it to the end
 
 Every rank probes before it joins the process group and rank 0 acquires only after all have
-joined, so the ranks of one run never see their own lock. A probe takes a shared lock for an
+joined, so the ranks of one run never see their own lock. Rank 0 acquires *before* the run
+looks at what the directory holds (whether to resume, which checkpoint): two runs started a
+moment apart both pass the probe, and the one that takes the lock second decides on what the
+first left behind, never on what was there before it. A probe takes a shared lock for an
 instant; the holder's exclusive lock retries for a few seconds, so a probe of another run at
 that instant does not make it fail.
 
@@ -99,10 +102,18 @@ class RunLock:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_NAME
         self._fd: int | None = None
+        self._created: Path | None = None  # the outermost directory `acquire` created, if any
+        self._made_file = False  # whether `acquire` created the lock file
 
     def acquire(self, wait_s: float = 5.0) -> None:
         """Take the lock (creating the directory), or raise `RunDirInUse` after `wait_s`."""
+        existing = nearest_existing(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if existing != self.run_dir:
+            self._created = self.run_dir
+            while self._created.parent != existing:
+                self._created = self._created.parent
+        self._made_file = not self.path.exists()
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + wait_s
         while True:
@@ -124,6 +135,26 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)  # releases the lock; the file stays (a later probe finds it free)
             self._fd = None
+
+    def abandon(self) -> None:
+        """Release, and remove what `acquire` created (the lock file, and directories the run left
+        empty): a run refused during set-up leaves the file system as it found it. The lock file
+        goes while still held; a run that opened it in that instant holds a lock on a removed file
+        (the window is microseconds of a refused run's exit, at a lock file that did not exist)."""
+        created, self._created = self._created, None
+        if self._made_file and self._fd is not None:
+            self.path.unlink(missing_ok=True)
+        self._made_file = False
+        self.release()
+        if created is None:
+            return
+        for d in [self.run_dir, *self.run_dir.parents]:
+            try:
+                d.rmdir()  # only if empty
+            except OSError:
+                return
+            if d == created:
+                return
 
     def __enter__(self) -> RunLock:
         self.acquire()

@@ -9,8 +9,11 @@
    for the sorting task);
 3. the model (straight into ZeRO-3 partitions under stage 3; compiled in place if
    `model.compile` says so) and its engine;
-4. the resume (`RunState.load`), then the run directory: locked (one run per directory),
-   its resolved config written.
+4. the resume (`RunState.load`), then the run directory's resolved config written (and a
+   previous run's records set aside if this one starts afresh there).
+
+The run directory is locked before step 1 (one run per directory): two runs started a moment
+apart cannot both decide to start fresh there, or both resume the same checkpoint.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from ..model.recurrent import KINDS
 from . import distributed as dist_utils
 from .build import build_run_model, check_pretrained_settings, load_corpora, resolve_precision, unwrap
 from .checkpoints import (CheckpointError, CheckpointInfo, check_compatible, choose_checkpoint, seed_everything,
-                          set_aside_newer)
+                          set_aside_newer, set_aside_records)
 from .config import RunConfig
 from .distributed import DistInfo
 from .ds_config import read_ds_config, resolve_ds_config
@@ -87,29 +90,34 @@ def _engine(cfg: RunConfig, info: DistInfo, model, ds_config: dict | None, preci
     return DeepSpeedEngine(model, ds_config, cfg.optim, update_steps)
 
 
-def _take_run_dir(ctx: RunContext, state: RunState, ds_config: dict | None) -> None:
-    """Lock the run directory (collectively: every rank stops if another run holds it) and
-    write the resolved configuration into it."""
+def _lock_run_dir(cfg: RunConfig, info: DistInfo) -> RunLock:
+    """Rank 0 takes the run directory's lock (collectively: every rank stops if another run holds
+    it) before the run reads what the directory holds: the choice of checkpoint, or of a fresh
+    start, is made on what is there while no other run can change it."""
+    lock = RunLock(cfg.run_dir)
     in_use = None
-    if ctx.info.is_main:
+    if info.is_main:
         try:
-            ctx.lock.acquire()
+            lock.acquire()
         except RunDirInUse as e:
             in_use = str(e)
     in_use = dist_utils.broadcast_object(in_use)
     if in_use is not None:
         raise ConfigError(in_use)
-    try:
-        if ctx.info.is_main:
-            if ctx.resumed is not None:
-                set_aside_newer(ctx.resumed, ctx.run_dir, ctx.log)
-            dump(ctx.cfg, ctx.run_dir / "config.yaml")
-            if isinstance(state.engine, DeepSpeedEngine):
-                (ctx.run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=1))
-        dist_utils.barrier()
-    except BaseException:
-        ctx.lock.release()
-        raise
+    return lock
+
+
+def _write_run_dir(ctx: RunContext, state: RunState, ds_config: dict | None) -> None:
+    """Rank 0, under the lock: set aside what a new timeline replaces, write the resolved configuration."""
+    if ctx.info.is_main:
+        if ctx.resumed is not None:
+            set_aside_newer(ctx.resumed, ctx.run_dir, ctx.log)
+        else:
+            set_aside_records(ctx.run_dir, ctx.log)
+        dump(ctx.cfg, ctx.run_dir / "config.yaml")
+        if isinstance(state.engine, DeepSpeedEngine):
+            (ctx.run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=1))
+    dist_utils.barrier()
 
 
 def _resume_point(cfg: RunConfig, info: DistInfo, log) -> CheckpointInfo | None:
@@ -140,9 +148,20 @@ def _resume_point(cfg: RunConfig, info: DistInfo, log) -> CheckpointInfo | None:
 
 
 def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
-    """Build (and resume) one run; see the module docstring for the order."""
+    """Build (and resume) one run, holding its directory's lock from the start; see the module
+    docstring for the order. A run refused on the way releases the lock and leaves the directory
+    as it found it."""
     if cfg.engine == "torch" and info.world_size != 1:
         raise ValueError("engine `torch` runs on one process; use engine `deepspeed` for several ranks")
+    lock = _lock_run_dir(cfg, info)
+    try:
+        return _build(cfg, info, lock)
+    except BaseException:
+        lock.abandon()
+        raise
+
+
+def _build(cfg: RunConfig, info: DistInfo, lock: RunLock) -> tuple[RunContext, RunState]:
     log = functools.partial(rank0_print, info)
     precision = resolve_precision(cfg.optim.precision, info.device)
     check_pretrained_settings(cfg.model)  # before any data work
@@ -192,7 +211,7 @@ def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
         model.compile(mode=cfg.model.compile, dynamic=False)
     engine = _engine(cfg, info, model, ds_config, precision, update_steps)
     config = unwrap(engine.module).config
-    ctx = RunContext(cfg=cfg, info=info, lock=RunLock(cfg.run_dir), precision=precision, corpora=corpora,
+    ctx = RunContext(cfg=cfg, info=info, lock=lock, precision=precision, corpora=corpora,
                      vocab_size=vocab_size, total_steps=total_steps, update_steps=update_steps,
                      memoria_config=config.memoria_config if config.memory_type == "memoria" else None,
                      resumed=resumed)
@@ -206,5 +225,5 @@ def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
     # the divergence check's baseline is the run's first one, kept across resumes
     start = (resumed.manifest.get("meta", {}) if resumed is not None else {}).get("weights_at_start")
     ctx.weights_at_start = float(start) if start is not None else weights_magnitude(state.model, info.device)
-    _take_run_dir(ctx, state, ds_config)
+    _write_run_dir(ctx, state, ds_config)
     return ctx, state

@@ -129,3 +129,93 @@ def test_two_real_runs_on_one_directory(tmp_path):
     written = steps()
     assert written == sorted(set(written))  # one writer: no interleaved or repeated records
     probe(run_dir)  # the killed run left no stale lock
+
+
+def _launch(run_dir, *overrides):
+    """A 2-rank `deepspeed` launcher run in the background (its stdout and stderr piped)."""
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    for key in ("MEMORIA_DS_FAULT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    from .launch_util import free_port
+
+    launcher = os.path.join(os.path.dirname(sys.executable), "deepspeed")
+    cmd = [launcher, "--num_gpus", "2", "--master_port", str(free_port()), FINETUNE, *TINY, f"run_dir={run_dir}",
+           "checkpoint.every=2", "eval.at_end=false", *overrides]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _train_steps(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").exists() else []
+    return [r["step"] for r in map(json.loads, lines) if r["kind"] == "train"]
+
+
+def _saved_preset(checkpoint):
+    return json.loads((checkpoint / "manifest.json").read_text())["meta"]["config"]["model"]["preset"]
+
+
+@pytest.mark.parametrize("delay", [0.5, 3.0])
+def test_racing_runs_on_one_directory_never_overwrite_each_other(tmp_path, delay):
+    """Issue 47 item 1: two launcher runs on one new directory, the second a moment later and of
+    another kind. The decision to start fresh is taken under the lock, so the second is refused
+    (the directory is in use, or, if the first has finished, holds checkpoints of another model):
+    the directory holds one run's config, records and checkpoints."""
+    run_dir = tmp_path / "run"
+    first = _launch(run_dir, "optim.max_steps=8")
+    time.sleep(delay)
+    second = _launch(run_dir, "optim.max_steps=8", "model.preset=xl")
+    outs = [p.communicate(timeout=600) for p in (first, second)]
+    codes = [first.returncode, second.returncode]
+    assert sorted(codes) == [0, 2], (codes, [o[1][-3000:] for o in outs])
+    winner = "memoria" if codes[0] == 0 else "xl"
+    loser_err = outs[codes.index(2)][1]
+    assert "in use by another run" in loser_err or "different `model` configuration" in loser_err, loser_err[-3000:]
+    assert f"preset: {winner}" in (run_dir / "config.yaml").read_text()
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
+    assert [c.name for c in checkpoints] == ["step_00000006", "step_00000008"]  # keep_last=2 of one run
+    assert {_saved_preset(c) for c in checkpoints} == {winner}
+    assert _train_steps(run_dir) == list(range(1, 9))  # one run's records, not two concatenated
+    assert not (run_dir / "checkpoints" / "abandoned").exists()
+
+
+def test_racing_resumes_of_one_checkpoint_train_each_step_once(tmp_path):
+    """Two resumes of one checkpoint a moment apart: one continues it, the other is refused or finds
+    the run finished; no checkpoint is set aside as abandoned and no step is trained twice."""
+    run_dir = tmp_path / "run"
+    first = _launch(run_dir, "optim.max_steps=4")
+    assert first.wait(timeout=600) == 0, first.communicate()[1][-3000:]
+    a = _launch(run_dir, "optim.max_steps=10")
+    time.sleep(0.5)
+    b = _launch(run_dir, "optim.max_steps=10")
+    outs = [p.communicate(timeout=600) for p in (a, b)]
+    codes = [a.returncode, b.returncode]
+    assert 0 in codes and set(codes) <= {0, 2}, (codes, [o[1][-3000:] for o in outs])
+    assert not (run_dir / "checkpoints" / "abandoned").exists(), [o[0][-2000:] for o in outs]
+    assert _train_steps(run_dir) == list(range(1, 11))
+
+
+def test_a_fresh_start_sets_an_earlier_runs_records_aside(tmp_path):
+    """A run killed before its first checkpoint leaves records and nothing to resume: the next run
+    starts afresh and moves them into abandoned/ instead of appending its own to them."""
+    run_dir = tmp_path / "run"
+    killed = run_training(run_dir, fault="kill_after_step:2", launcher="python")
+    assert killed.returncode == 17, killed.stderr[-3000:]
+    assert _train_steps(run_dir) == [1, 2] and not (run_dir / "checkpoints").exists()
+    proc = check(run_training(run_dir, launcher="python"))
+    assert _train_steps(run_dir) == list(range(1, 7))  # this run's records alone
+    (aside,) = (run_dir / "abandoned").iterdir()
+    assert _train_steps(aside) == [1, 2] and (aside / "config.yaml").is_file()
+    assert str(aside) in proc.stdout and "set them aside" in proc.stdout
+
+
+def test_a_run_refused_during_set_up_leaves_no_directory(tmp_path):
+    """The lock is taken before set-up reads anything; a run refused there (a training split too
+    small for its streams) removes the directory it created for the lock."""
+    run_dir = tmp_path / "new" / "run"
+    proc = run_training(run_dir, "data.segment_length=60", "optim.micro_batch_size=4096", launcher="python")
+    assert proc.returncode == 2 and "too small for this run" in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "new").exists()
+    existing = tmp_path / "kept"
+    existing.mkdir()
+    proc = run_training(existing, "data.segment_length=60", "optim.micro_batch_size=4096", launcher="python")
+    assert proc.returncode == 2 and existing.is_dir() and list(existing.iterdir()) == []

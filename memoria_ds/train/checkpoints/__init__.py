@@ -8,7 +8,7 @@ See docs/training.md ("Checkpoints", "Resume").
 """
 
 from .resume import (check_compatible, choose_checkpoint, describe_resume, ensure_universal, fingerprint,
-                     set_aside_newer)
+                     set_aside_newer, set_aside_records)
 from .shards import make_shard, restore_memories, rng_state, seed_everything, set_rng_state
 from .store import (ENGINE_TAG, CheckpointError, CheckpointInfo, find_latest, list_checkpoints, load_all_shards,
                     load_shard, save_checkpoint, validate)
@@ -17,5 +17,5 @@ __all__ = [
     "ENGINE_TAG", "CheckpointError", "CheckpointInfo", "check_compatible", "choose_checkpoint", "describe_resume",
     "ensure_universal", "find_latest", "fingerprint", "list_checkpoints", "load_all_shards", "load_shard",
     "make_shard", "restore_memories", "rng_state", "save_checkpoint", "seed_everything", "set_aside_newer",
-    "set_rng_state", "validate",
+    "set_aside_records", "set_rng_state", "validate",
 ]

@@ -98,6 +98,35 @@ def set_aside_newer(info: CheckpointInfo, run_dir: Path, log) -> Path | None:
     return target
 
 
+# What a run writes into its directory besides checkpoints (the records a fresh start would mix into)
+RUN_RECORDS = ("config.yaml", "ds_config.json", "metrics.jsonl", "summary.json", "eval", "tb", "export", "analysis",
+               "wandb", "wandb_id")
+
+
+def set_aside_records(run_dir: Path, log) -> Path | None:
+    """Move an earlier run's records out of the way of a run that starts afresh in `run_dir`.
+
+    A fresh start over checkpoints is refused (`choose_checkpoint`); a directory whose run left
+    records but no checkpoint (killed before its first one, or its checkpoints deleted) would
+    otherwise get the new run's records appended to or written over the old ones (metrics of two
+    runs in one file, the old summary and export beside the new config). They are moved into
+    `abandoned/<time>/`, not deleted, and the log says where. Returns that folder (None if none).
+    """
+    run_dir = Path(run_dir)
+    found = [run_dir / name for name in RUN_RECORDS if (run_dir / name).exists()]
+    if not found:
+        return None
+    target = run_dir / "abandoned" / time.strftime("%Y%m%d-%H%M%S")
+    while target.exists():  # two fresh starts within a second
+        target = target.with_name(target.name + "+")
+    target.mkdir(parents=True)
+    for p in found:
+        os.rename(p, target / p.name)
+    log(f"note: {run_dir} held the records of an earlier run but no checkpoint to resume; this run starts afresh "
+        f"and set them aside in {target} ({', '.join(p.name for p in found)}; delete them when sure)")
+    return target
+
+
 def saved_streams(info: CheckpointInfo) -> int | None:
     """How many token streams the checkpoint's run had (`micro_batch_size * grad_accum * ranks`),
     from its manifest; None if the manifest does not say."""
