@@ -65,6 +65,13 @@ def describe_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _error_line(text: str) -> None:
+    """An error on stderr in one write: the ranks' messages, printed at the same moment into one
+    terminal or log, stay whole (a print writes the text and its newline separately)."""
+    sys.stderr.flush()
+    os.write(sys.stderr.fileno(), (text + "\n").encode(errors="replace"))
+
+
 def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2",
          base_overrides: list[str] | None = None) -> None:
     try:
@@ -75,6 +82,9 @@ def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2"
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
+    from . import faults
+
+    faults.install()  # test-only fault injection; nothing unless MEMORIA_DS_FAULT names one
     if cfg.deterministic:  # before any CUDA work, in every rank's process
         from .determinism import make_deterministic
 
@@ -99,9 +109,9 @@ def main(argv: list[str] | None = None, description: str = "Train Memoria GPT-2"
             print(str(e), file=sys.stderr, flush=True)
         code = EXIT_STOPPED
     except ConfigError as e:  # found before training started: a mistake in the configuration
-        print(f"error (rank {info.rank}): {e}", file=sys.stderr, flush=True)
+        _error_line(f"error (rank {info.rank}): {e}")
         code = 2
     except (CheckpointError, NonFiniteLoss, DivergedState, DataPreparationFailed) as e:
-        print(f"error (rank {info.rank}): {e}", file=sys.stderr, flush=True)
+        _error_line(f"error (rank {info.rank}): {e}")
         code = 1
     dist_utils.leave(code)

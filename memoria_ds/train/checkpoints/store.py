@@ -133,14 +133,17 @@ def save_checkpoint(
     root = Path(root)
     final = root / step_dir_name(step)
     staging = root / f".staging-{step_dir_name(step)}"
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        if staging.exists():
-            shutil.rmtree(staging)
-        staging.mkdir()
-    dist_utils.barrier()
-
     failure = None
+    if rank == 0:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            if staging.exists():
+                shutil.rmtree(staging)  # a killed save's leftovers
+            staging.mkdir()
+        except OSError as e:  # read-only, full, or a file where a folder belongs
+            failure = f"rank 0: {_short(e)}"
+    _agree(failure, root, staging, step, rank)
+
     try:
         engine.save(staging, ENGINE_TAG, exclude_frozen=exclude_frozen)
         if faults.active("disk_full_during_save", step):
@@ -205,10 +208,14 @@ def _agree(failure: str | None, root: Path, staging: Path, step: int, rank: int)
         shutil.rmtree(staging, ignore_errors=True)
     dist_utils.barrier()
     kept = [p.name for p, problem in list_checkpoints(root) if problem is None]
+    try:
+        free = f" ({shutil.disk_usage(root).free / 2**20:,.1f} MiB free now)"
+    except OSError:
+        free = ""
     raise CheckpointError(
         f"could not write checkpoint {step_dir_name(step)} under {root} ({'; '.join(failures)}); its partial "
         f"files were removed and the earlier checkpoints are intact ({', '.join(kept) or 'none yet'}). Free "
-        f"space there (or point run_dir elsewhere) and resume with --resume auto"
+        f"space there{free} or make it writable (or point run_dir elsewhere), and resume with --resume auto"
     )
 
 

@@ -9,6 +9,7 @@ runs without DeepSpeed. Nothing else in memoria_ds imports deepspeed (a test che
     plain.py     TorchEngine (engine: torch)
     ds.py        DeepSpeedEngine, the process group, ZeRO-3 construction, config check, versions
     ds_files.py  DeepSpeed's checkpoint files: pickle allow-list, universal conversion, fp32 masters
+    ds_writes.py DeepSpeed's checkpoint writes, guarded: a failed write on one rank cannot hang the others
 """
 
 from .base import (MAX_MEMORY_DELAY_FRACTION, TrainEngine, capped_memory_delay, delayed_warmup_decay, group_schedules,

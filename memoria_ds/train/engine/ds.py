@@ -1,7 +1,8 @@
 """DeepSpeed: the process group, ZeRO-3 construction, the engine, config checks, versions.
 
 Every `import deepspeed` of memoria_ds is in this package (tests/train/test_engine_boundary.py
-checks it); the loop sees a `TrainEngine`. Its checkpoint files are handled in ds_files.py.
+checks it); the loop sees a `TrainEngine`. Its checkpoint files are handled in ds_files.py, its
+checkpoint writes guarded in ds_writes.py.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 
 from ..config import OptimSection
 from .base import TrainEngine, group_schedules, param_groups
+from .ds_writes import GuardedWrites
 
 
 def init_process_group(cuda: bool) -> None:
@@ -90,6 +92,7 @@ class DeepSpeedEngine(TrainEngine):
         )
         self.module = self._engine.module
         self.config = ds_config
+        self._writes = GuardedWrites(self._engine)  # a failed write cannot leave the ranks' collectives apart
 
     @property
     def zero_stage(self) -> int:
@@ -116,8 +119,11 @@ class DeepSpeedEngine(TrainEngine):
         return None if norm is None else float(norm)
 
     def save(self, directory: Path, tag: str, exclude_frozen: bool) -> None:
+        """DeepSpeed's save; a write that failed on this rank is raised after it (ds_writes.py)."""
+        self._writes.start()
         self._engine.save_checkpoint(str(directory), tag=tag, save_latest=False,
                                      exclude_frozen_parameters=exclude_frozen)
+        self._writes.raise_failure()
 
     def load(self, directory: Path, tag: str, strict: bool) -> None:
         path, _ = self._engine.load_checkpoint(
