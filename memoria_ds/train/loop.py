@@ -90,21 +90,26 @@ def train(ctx: RunContext, state: RunState) -> dict[str, Any]:
     engine's own check skips that optimizer step, and the memory rows of its micro-batch
     start fresh at the next step."""
     cfg, info = ctx.cfg, ctx.info
-    if state.step >= ctx.total_steps:
-        return _already_done(ctx)
+    finished = state.step >= ctx.total_steps
+    if finished and (done := _already_done(ctx)) is not None:
+        return done
     writer = MetricsWriter(ctx.run_dir, enabled=info.is_main, total_steps=ctx.total_steps,
-                           initial_step=state.step, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,
+                           initial_step=state.step, tensorboard=cfg.log.tensorboard,
+                           progress=cfg.log.progress and not finished,
                            resumed_at=state.step if ctx.resumed is not None else None,
                            wandb=({"project": cfg.log.wandb_project, "mode": cfg.log.wandb_mode,
                                    "config": to_dict(cfg)} if cfg.log.wandb else None))
-    window = _Window(ctx.device, track_first=cfg.optim.nan_policy == "stop")
-    state.engine.train()
-    stop = StopRequest.install()  # SIGTERM / SIGUSR1: finish the step, checkpoint it, stop (preemption.py)
-    try:
-        last_loss = _steps(ctx, state, writer, window, stop)
-    finally:
-        stop.uninstall()
-    _stop_if_nonfinite(ctx, window)
+    if finished:  # trained and checkpointed, then stopped before its summary: finish it, train nothing
+        last_loss = _last_logged_loss(ctx.run_dir)
+    else:
+        window = _Window(ctx.device, track_first=cfg.optim.nan_policy == "stop")
+        state.engine.train()
+        stop = StopRequest.install()  # SIGTERM / SIGUSR1: finish the step, checkpoint it, stop (preemption.py)
+        try:
+            last_loss = _steps(ctx, state, writer, window, stop)
+        finally:
+            stop.uninstall()
+        _stop_if_nonfinite(ctx, window)
     results = evaluate(ctx, state, writer, ctx.total_steps) if cfg.eval.at_end else []
     export_dir = None
     if cfg.checkpoint.export:
@@ -242,15 +247,33 @@ def _stop_on_request(ctx: RunContext, state: RunState, writer: MetricsWriter, do
                   f"{ctx.run_dir / 'checkpoints'} holds it: resume with --resume auto (checkpoint.resume=auto).{late}")
 
 
-def _already_done(ctx: RunContext) -> dict[str, Any]:
-    """Resumed at the last step: nothing to train, evaluate or export again; the records stand."""
-    ctx.log(f"the run already reached step {ctx.total_steps} (its last); nothing to do. To train further, "
-            f"raise optim.max_steps (or optim.epochs) and resume")
+def _already_done(ctx: RunContext) -> dict[str, Any] | None:
+    """Resumed at the last step: the run's summary if it has one (nothing to train, evaluate or
+    export again: the records stand), else None: the run stopped between its final checkpoint and
+    its summary (killed, or its final evaluation or export failed), and that end is done now."""
     path = ctx.run_dir / "summary.json"
-    if path.exists():
+    if dist_utils.broadcast_object(path.exists()):  # rank 0 decides: every rank takes the same path
+        ctx.log(f"the run already reached step {ctx.total_steps} (its last); nothing to do. To train further, "
+                f"raise optim.max_steps (or optim.epochs) and resume")
         return json.loads(path.read_text())
-    return {"steps": ctx.total_steps, "final_train_loss": None, "eval": [], "export": None,
-            "run_dir": str(ctx.run_dir)}
+    ends = [name for name, on in (("evaluation", ctx.cfg.eval.at_end), ("export", ctx.cfg.checkpoint.export)) if on]
+    ctx.log(f"the run already reached step {ctx.total_steps} (its last) but has no summary.json: it stopped before "
+            f"the end of the run; doing that end now ({', '.join(ends + ['summary'])}), training nothing")
+    return None
+
+
+def _last_logged_loss(run_dir: Path) -> float | None:
+    """The last training loss in the run's metrics (the summary of a run finished on a rerun)."""
+    path = run_dir / "metrics.jsonl"
+    loss = None
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("kind") == "train" and isinstance(record.get("loss"), (int, float)):
+            loss = float(record["loss"])
+    return loss
 
 
 def _stop_if_nonfinite(ctx: RunContext, window: _Window) -> None:

@@ -235,6 +235,26 @@ def test_a_finished_run_rerun_changes_nothing(tmp_path):
     assert (run / "config.yaml").read_text() == config and (run / "metrics.jsonl").read_text() == records
 
 
+def test_a_run_stopped_after_its_last_checkpoint_is_finished_by_a_rerun(tmp_path):
+    """Issue 47 item 5: a run that checkpointed its last step and stopped before its final
+    evaluation (killed here; a failed evaluation or export alike) is not "done": the rerun trains
+    nothing, evaluates the final checkpoint and writes the summary; a third run then has nothing to do."""
+    run = tmp_path / "run"
+    proc = run_training(run, "eval.protocols=[full,memoryless]", fault="kill_after_step:6")
+    assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
+    assert find_latest(run / "checkpoints")[0].step == 6 and not (run / "summary.json").exists()
+    train_records = metrics(run)
+    proc = check(run_training(run, "eval.protocols=[full,memoryless]"))
+    assert "has no summary.json" in proc.stdout and "evaluation, summary" in proc.stdout, proc.stdout[-2000:]
+    assert metrics(run) == train_records  # nothing trained again
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_train_loss"] == train_records[-1]["loss"]
+    assert [r["protocol"]["name"] for r in summary["eval"]] == ["full", "memoryless"]
+    assert [r["step"] for r in metrics(run, "eval_full")] == [6] and summary["memory_gain"] is not None
+    proc = check(run_training(run, "eval.protocols=[full,memoryless]"))
+    assert "nothing to do" in proc.stdout and json.loads((run / "summary.json").read_text()) == summary
+
+
 def test_a_rollback_sets_the_abandoned_checkpoints_aside(tmp_path):
     """Resuming from an older checkpoint starts a new timeline: the newer checkpoints of the old
     one are moved to checkpoints/abandoned/ (said in the log), so pruning keeps the checkpoint
