@@ -7,6 +7,8 @@ See memoria_ds/repro/collect.py and docs/reproduction.md.
 
 import sys
 
+import project_env  # noqa: F401  (first: runs this script under the project's .venv when needed)
+
 from memoria_ds.repro.collect import main
 
 if __name__ == "__main__":

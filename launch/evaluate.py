@@ -6,6 +6,8 @@
 See `python launch/evaluate.py --help` and memoria_ds/train/evaluate.py.
 """
 
+import project_env  # noqa: F401  (first: runs this script under the project's .venv when needed)
+
 from memoria_ds.train.evaluate import main
 
 if __name__ == "__main__":

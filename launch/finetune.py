@@ -5,6 +5,8 @@
 See `python launch/finetune.py --help` and memoria_ds/train/config.py for every setting.
 """
 
+import project_env  # noqa: F401  (first: runs this script under the project's .venv when needed)
+
 from memoria_ds.train.cli import main
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-python=$(command -v python || command -v python3)
+# shellcheck disable=SC1091
+source "$root/launch/find_env.sh"  # the shell's Python if it has memoria_ds, else .venv
+python=$PYTHON
 cmd=("$python" benchmarks/gpu_check.py "$@")
 echo "+ ${cmd[*]}"
 "${cmd[@]}"

@@ -5,6 +5,8 @@
 Defaults differ from fine-tuning only where the paper's do: learning rate 2e-4.
 """
 
+import project_env  # noqa: F401  (first: runs this script under the project's .venv when needed)
+
 from memoria_ds.train.cli import main
 
 if __name__ == "__main__":

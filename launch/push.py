@@ -5,6 +5,8 @@
 See memoria_ds/train/push.py and docs/training.md ("Share a model").
 """
 
+import project_env  # noqa: F401  (first: runs this script under the project's .venv when needed)
+
 from memoria_ds.train.push import main
 
 if __name__ == "__main__":

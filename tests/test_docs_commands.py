@@ -1,6 +1,6 @@
 """Every command shown in README.md and docs/ is a command that works (issue 18 item 6).
 
-Commands are taken from fenced code blocks and from inline `code` in the prose. Each one:
+Commands are taken from fenced and indented code blocks and from inline `code` in the prose. Each one:
 
 - names a file (script, config, DeepSpeed JSON) that exists;
 - a training command (`launch/finetune.py` / `launch/pretrain.py`, under python, deepspeed,
@@ -11,6 +11,13 @@ Commands are taken from fenced code blocks and from inline `code` in the prose. 
 - a reproduction script in dry-run mode runs as shown.
 
 A command with a placeholder (`...`, `DIR`, `N`, `[options]`) is checked for its files only.
+
+The newcomer's path (issue 47 item 6): the commands of README.md and docs/guide.md run as a new
+shell runs them after the README's two commands (`bash launch/quickstart.sh`, `bash launch/test.sh`,
+which leave the project's `.venv`): no virtual environment active, pytest's own taken off PATH.
+`python launch/*.py` and the `bash` scripts must find the environment themselves; `deepspeed`,
+`torchrun` and `python -m` run as after the README's `source .venv/bin/activate`. Where the
+checkout has no `.venv` (CI makes its own environment), they run in pytest's environment.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +34,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+NEWCOMER_DOCS = ("README.md", "guide.md")  # the README's quickstart, then the guide's commands
+VENV = ROOT / ".venv"  # what `bash launch/quickstart.sh` makes
+QUICKSTART_BASE = ["--deepspeed", "ds_configs/cpu.json", "--config", "launch/configs/quickstart.yaml"]
 STARTS = ("python ", "deepspeed ", "bash ", "torchrun ")
 PLACEHOLDER = re.compile(r"(\.\.\.|\[options\]|(?<![\w./-])(?:[A-Z]{1,4}|DIR|PATH|RUN|RUN_DIR)(?![\w.-]))")
 LAUNCHER_FLAGS = {"--num_gpus", "--num_nodes", "--hostfile", "--master_port", "--master_addr", "--node_rank",
@@ -76,6 +87,9 @@ def documented_commands() -> list[tuple[str, str]]:
             lines = [line[2:] if line.startswith("+ ") else line for line in block.splitlines()]  # echoed by a script
             found += [(doc.name, c) for c in _joined(lines) if c.startswith(STARTS)]
         prose = re.sub(r"```.*?```", "", text, flags=re.S)
+        for block in re.findall(r"(?:^|\n\n)((?: {4}.*(?:\n|$))+)", prose):  # indented code blocks
+            found += [(doc.name, c) for c in _joined(block.splitlines()) if c.startswith(STARTS)]
+        prose = re.sub(r"(?:^|\n\n)(?: {4}.*(?:\n|$))+", "\n\n", prose)
         for inline in re.findall(r"`([^`]+)`", prose):
             command = " ".join(inline.split())
             if command.startswith(STARTS):
@@ -108,7 +122,7 @@ def _script_and_args(command: str) -> tuple[str, str, list[str]]:
     if words[0] == "bash":
         return "bash", words[1], words[2:]
     if words[1] == "-m":
-        return "module", words[2], words[3:]
+        return ("module", words[2], words[3:]) if len(words) > 2 else ("other", "", [])  # `python -m` in prose
     return "path", words[1], words[2:]
 
 
@@ -138,11 +152,47 @@ def test_a_stale_command_fails_the_check(command, tmp_path):
         test_documented_command_works("doc.md", command, tmp_path)
 
 
+def fresh_shell(activated: bool = False) -> dict[str, str]:
+    """The environment of a new terminal after the README's two commands: no virtual environment
+    active (pytest's own, and any other, taken off PATH); `activated`: after `source .venv/bin/activate`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    path = [p for p in env.get("PATH", "").split(os.pathsep)
+            if p and not (Path(p).parent / "pyvenv.cfg").is_file() and Path(p) != VENV / "bin"]
+    if activated:
+        path.insert(0, str(VENV / "bin"))
+        env["VIRTUAL_ENV"] = str(VENV)
+    env["PATH"] = os.pathsep.join(path)
+    return env
+
+
+def _shell(doc: str, command: str, kind: str, target: str) -> tuple[str, dict[str, str]]:
+    """(the `python` a reader's shell starts, its environment) for a command of `doc`."""
+    if doc not in NEWCOMER_DOCS or not (VENV / "bin" / "python").is_file():
+        return sys.executable, dict(os.environ, PYTHONPATH=str(ROOT))
+    # the launch/ scripts find .venv themselves; the rest runs as the README says, activated
+    finds_it = kind == "bash" or (command.startswith("python ") and target.startswith("launch/"))
+    env = fresh_shell(activated=not finds_it)
+    python = shutil.which("python", path=env["PATH"])
+    if python is None:
+        pytest.skip("no `python` on PATH outside a virtual environment: a reader's shell has one")
+    return python, env
+
+
+def test_a_fresh_shell_has_no_virtual_environment():
+    env = fresh_shell()
+    assert "VIRTUAL_ENV" not in env and str(Path(sys.executable).parent) not in env["PATH"].split(os.pathsep)
+    assert fresh_shell(activated=True)["PATH"].split(os.pathsep)[0] == str(VENV / "bin")
+
+
 @pytest.mark.parametrize("doc,command", COMMANDS, ids=[f"{d}:{c[:60]}" for d, c in COMMANDS])
 def test_documented_command_works(doc, command, tmp_path):
     kind, target, args = _script_and_args(command)
     if kind == "other":
         return
+    python, env = _shell(doc, command, kind, target)
+    if command.startswith(("deepspeed ", "torchrun ")) and env.get("PATH") != os.environ.get("PATH"):
+        launcher = command.split()[0]
+        assert shutil.which(launcher, path=env["PATH"]), f"{doc}: `{command}`: no {launcher} on the reader's PATH"
     if kind == "module":
         import importlib.util
 
@@ -158,8 +208,12 @@ def test_documented_command_works(doc, command, tmp_path):
     if kind == "bash":
         if target.startswith("launch/repro/") and ("--mode dry-run" in command or "--help" in args):
             proc = subprocess.run(["bash", target, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                                  env=dict(os.environ, RUN_ROOT=str(tmp_path)))
+                                  env=dict(env, RUN_ROOT=str(tmp_path)))
             assert proc.returncode == 0, f"{doc}: `{command}` failed:\n{proc.stderr[-2000:]}"
+        if target == "launch/quickstart.sh":  # its arguments go to launch/finetune.py after the quickstart's
+            from memoria_ds.train.cli import parse
+
+            parse([*QUICKSTART_BASE, *args], "docs", [])
         return
     if target in ("launch/finetune.py", "launch/pretrain.py"):
         from memoria_ds.train.cli import parse
@@ -167,8 +221,8 @@ def test_documented_command_works(doc, command, tmp_path):
         defaults = _pretrain_defaults() if target.endswith("pretrain.py") else []
         parse(args, "docs", defaults)  # every option and dotted override is accepted and valid
         return
-    proc = subprocess.run([sys.executable, "-c", SHIM, kind, target, *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    proc = subprocess.run([python, "-c", SHIM, kind, target, *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=env)
     assert proc.returncode == 0, f"{doc}: `{command}` is refused by its parser:\n{proc.stderr[-2000:]}"
 
 

@@ -17,7 +17,9 @@
 # then run; the command and its output are shown and appended to <run_dir>/launch.log (tee).
 set -euo pipefail
 
-PYTHON=${PYTHON:-python3}
+# the shell's Python if it has memoria_ds, else the checkout's .venv (sets PYTHON; PYTHON=... overrides)
+# shellcheck disable=SC1091
+source "$(dirname "${BASH_SOURCE[0]}")/../find_env.sh"
 mode=run
 args=()
 while [[ $# -gt 0 ]]; do

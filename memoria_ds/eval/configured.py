@@ -35,6 +35,7 @@ def evaluate_split(
     trace: Callable[[str], Any] | None = None,
     memory_for: Callable[[list[int]], Any] | None = None,
     train_corpus: Any = None,
+    suffix: str = "",
 ) -> list[EvalResult]:
     """Evaluate `model` on one tokenized split (or sorting dataset).
 
@@ -43,13 +44,15 @@ def evaluate_split(
         evaluation: the run's `eval` section (split, protocols, num_streams, reset, max_steps; on the
             sorting task `memoryless` among the protocols adds the reading without memory).
         label: the model's name in the results (e.g. `gpt2:memoria@step100`); result files are
-            `<out_dir>/<file stem>_<protocol>.json` with the stem taken from after the last `@`.
+            `<out_dir>/<file stem>_<protocol><suffix>.json` with the stem taken from after the last `@`
+            (`result_file`).
         out_dir: where rank 0 writes one JSON per protocol (None: nowhere).
         sorting_batch_size: examples per batch on the sorting task (a multiple of the world size).
         trace: `trace(protocol)` -> a per-segment callback (`MemoryTrace`) or None; each
             callback returned is closed after its protocol.
         memory_for: the memory each protocol's streams start from (`evaluate_lm`); None: empty.
         train_corpus: the tokenized training split, for `eval.knn_lm.train_datastore`.
+        suffix: added to every result file's name (launch/evaluate.py: settings other than the run's).
 
     Returns:
         One result per protocol (or the sorting result). Every rank calls this.
@@ -57,7 +60,7 @@ def evaluate_split(
     stem = label.rsplit("@", 1)[-1]
 
     def output(name: str) -> str | None:
-        return str(out_dir / f"{stem}_{name}.json") if out_dir is not None and rank == 0 else None
+        return str(result_file(out_dir, stem, name, suffix)) if out_dir is not None and rank == 0 else None
 
     if data.corpus == "sorting":
         if memory_for is not None:
@@ -93,6 +96,18 @@ def evaluate_split(
             if callback is not None:
                 callback.close()
     return results
+
+
+def result_file(out_dir: Path, stem: str, key: str, suffix: str = "") -> Path:
+    """Where `evaluate_split` writes the result `key` (`result_key`): `<stem>_<key><suffix>.json`."""
+    return out_dir / f"{stem}_{key}{suffix}.json"
+
+
+def result_key(result: EvalResult) -> str:
+    """The result's name among its split's files: the protocol, or `sorting` / `sorting_memoryless`."""
+    if result.accuracy is not None:
+        return "sorting_memoryless" if result.protocol.get("memoryless") else "sorting"
+    return result.protocol["name"]
 
 
 def train_datastore(model: Any, corpus: Any, settings: KNNLMSettings, *, segment_length: int, streams: int,

@@ -110,6 +110,7 @@ def train(ctx: RunContext, state: RunState) -> dict[str, Any]:
         finally:
             stop.uninstall()
         _stop_if_nonfinite(ctx, window)
+    writer.end_progress()  # the final evaluation's and the export's lines start on lines of their own
     results = evaluate(ctx, state, writer, ctx.total_steps) if cfg.eval.at_end else []
     export_dir = None
     if cfg.checkpoint.export:

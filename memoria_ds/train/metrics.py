@@ -78,9 +78,14 @@ class MetricsWriter:
         else:
             print(text, flush=True)
 
-    def close(self) -> None:
+    def end_progress(self) -> None:
+        """Close the bar (it ends its line): what is printed after training starts on a line of its own."""
         if self._bar is not None:
             self._bar.close()
+            self._bar = None
+
+    def close(self) -> None:
+        self.end_progress()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:

@@ -67,17 +67,20 @@ def test_a_run_is_scored_as_its_training_scored_it_on_one_or_two_ranks(tmp_path)
     assert len((run / "eval" / "trace_validation_paper.jsonl").read_text().splitlines()) > 1
 
     # under the deepspeed launcher on 2 ranks: the full protocol's streams split over ranks, same totals
+    # (2 streams where the run has 1: results named for those settings, the same on 1 and 2 ranks)
     out = tmp_path / "two"
     check(evaluate(str(run), "eval.protocols=[full]", "eval.num_streams=2", "--out", str(out), ranks=2))
     check(evaluate(str(run), "eval.protocols=[full]", "eval.num_streams=2", "--out", str(tmp_path / "one")))
-    (two,), (one,) = read_results(out / "validation_full.json"), read_results(tmp_path / "one" / "validation_full.json")
+    (named,) = [p.name for p in out.glob("validation_full*.json")]
+    assert named.startswith("validation_full.num_streams-"), named
+    (two,), (one,) = read_results(out / named), read_results(tmp_path / "one" / named)
     assert two.world_size == 2 and one.world_size == 1 and two.scored_tokens == one.scored_tokens
     assert abs(two.nll - one.nll) < 1e-5
     # `model.compile` applies to evaluation too (the whole model as compiled graphs): the same numbers
     proc = check(evaluate(str(run), "eval.protocols=[full]", "eval.num_streams=2", "model.compile=default", "--out",
                           str(tmp_path / "compiled")))
     assert "compiled in place (torch.compile, mode=default)" in proc.stdout
-    (compiled,) = read_results(tmp_path / "compiled" / "validation_full.json")
+    (compiled,) = read_results(tmp_path / "compiled" / named)
     assert compiled.scored_tokens == one.scored_tokens and abs(compiled.nll - one.nll) < 1e-4, (compiled.nll, one.nll)
 
 
@@ -114,7 +117,7 @@ def test_mistakes_stop_before_any_work(tmp_path):
     (run).mkdir()
     (run / "config.yaml").write_text("seed: 0\n")
     proc = evaluate(str(run))
-    assert proc.returncode == 2 and "without an export/" in proc.stderr
+    assert proc.returncode == 2 and "with neither an export/ nor a complete checkpoint" in proc.stderr
 
     # a saved model that cannot load is named before any data work, in one line
     torch.manual_seed(0)
