@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from memoria_ds.data.batch import IGNORE_INDEX
+from memoria_ds.setting_rules import SettingError, check_fields, setting
 
 KeyName = Literal["ffn_input", "final_hidden"]
 KEYS = ("ffn_input", "final_hidden")
@@ -47,10 +48,14 @@ KEYS = ("ffn_input", "final_hidden")
 class KNNLMSettings:
     """How kNN-LM scores (defaults: Khandelwal et al. 2020, WikiText-103; docs/field_memories.md).
 
+    Every field is checked by its rule (`memoria_ds.setting_rules`; a `SettingError` names it).
+
     Args:
         k: neighbours retrieved per position (the paper: 1024; fewer when fewer are stored).
-        lmbda: interpolation weight λ of p_kNN (the paper's tuned in-domain value: 0.25).
-        temperature: T dividing the negative squared distances (the paper: none, T = 1).
+        lmbda: interpolation weight λ of p_kNN (the paper's tuned in-domain value: 0.25), below 1:
+            at 1 the model's own distribution is dropped, and a token no neighbour holds gets
+            probability 0 (an infinite perplexity).
+        temperature: T dividing the negative squared distances (the paper: none, T = 1), finite.
         key: `ffn_input` (the paper's best) or `final_hidden`.
         max_entries: per-stream datastore cap, the oldest dropped first; None: unbounded
             (the paper keeps every entry).
@@ -60,29 +65,18 @@ class KNNLMSettings:
         nprobe: inverted lists probed per query by an `IVF` index (the paper's 32).
     """
 
-    k: int = 1024
-    lmbda: float = 0.25
-    temperature: float = 1.0
+    k: int = setting(1024, least=1)
+    lmbda: float = setting(0.25, least=0, below=1, note="at 1 a token no neighbour holds gets probability 0")
+    temperature: float = setting(1.0, above=0)
     key: KeyName = "ffn_input"
-    max_entries: int | None = None
+    max_entries: int | None = setting(None, least=1, none="no cap")
     index: str = "exact"
-    nprobe: int = 32
+    nprobe: int = setting(32, least=1)
 
     def __post_init__(self) -> None:
-        if self.k < 1:
-            raise ValueError(f"kNN-LM `k` ({self.k}) must be at least 1")
-        if not 0.0 <= self.lmbda <= 1.0:
-            raise ValueError(f"kNN-LM `lmbda` ({self.lmbda}) must be in [0, 1]")
-        if not self.temperature > 0:
-            raise ValueError(f"kNN-LM `temperature` ({self.temperature}) must be > 0")
-        if self.key not in KEYS:
-            raise ValueError(f"kNN-LM `key` must be one of {KEYS}, got {self.key!r}")
-        if self.max_entries is not None and self.max_entries < 1:
-            raise ValueError(f"kNN-LM `max_entries` ({self.max_entries}) must be >= 1, or None for no cap")
-        if self.nprobe < 1:
-            raise ValueError(f"kNN-LM `nprobe` ({self.nprobe}) must be at least 1")
+        check_fields(self)
         if self.index != "exact":
-            check_index_factory(self.index)
+            check_index_factory(self.index)  # the keys' width is checked when it is known (`check_index`)
 
     def to_dict(self) -> dict[str, Any]:
         return {"k": self.k, "lmbda": self.lmbda, "temperature": self.temperature, "key": self.key,
@@ -140,18 +134,62 @@ def _faiss():
     return faiss
 
 
-def check_index_factory(factory: str, dim: int = 768) -> None:
-    """Refuse a FAISS `index_factory` string that FAISS cannot parse (ValueError, one line), before any work.
+# The widths of GPT-2's keys (small to XL): an index is tried at these before the model's is known.
+GPT2_WIDTHS = (768, 1024, 1280, 1600)
 
-    `dim`: the key width to try it at (GPT-2's 768 by default: a product quantiser must divide the real one).
+
+def check_index_factory(factory: str, dim: int | None = None) -> None:
+    """Refuse a FAISS `index_factory` string that FAISS cannot build for `dim`-wide keys (a
+    `SettingError` keyed `index`, one line), before any work.
+
+    `dim`: the keys' width (a product quantiser must divide it); None, before the model is known:
+    refuse only a string that builds at no GPT-2 width (`GPT2_WIDTHS`).
     """
     faiss = _faiss()
-    try:
-        faiss.index_factory(dim, factory, faiss.METRIC_L2)
-    except RuntimeError as e:
-        reason = str(e).strip().splitlines()[-1].split(": ", 1)[-1]
-        raise ValueError(f"kNN-LM `index` {factory!r} is not a FAISS index_factory string for {dim}-wide keys "
-                         f"({reason}); e.g. `IVF4096,PQ64`, `HNSW32` or `Flat`, or `exact`") from None
+    reason = ""
+    for width in (dim,) if dim is not None else GPT2_WIDTHS:
+        try:
+            faiss.index_factory(width, factory, faiss.METRIC_L2)
+            return
+        except RuntimeError as e:
+            reason = reason or str(e).strip().splitlines()[-1].split(": ", 1)[-1]
+    keys = f"this model's {dim}-wide keys" if dim is not None else f"keys of any GPT-2 width {list(GPT2_WIDTHS)}"
+    raise SettingError("index", f"({factory!r}) is not a FAISS index_factory string for {keys} ({reason}); e.g. "
+                       f"`IVF4096,PQ64`, `HNSW32` or `Flat`, or `exact`")
+
+
+def training_entries(factory: str, dim: int) -> int:
+    """The fewest entries FAISS trains the index of `factory` on at `dim` wide keys (0: it needs no
+    training): an IVF's lists and a product quantiser's 2**nbits codes are k-means centroids, and
+    k-means needs a point per centroid. Other trained parts (PCA, OPQ) are not counted."""
+    faiss = _faiss()
+    index = faiss.index_factory(dim, factory, faiss.METRIC_L2)
+    if index.is_trained:
+        return 0
+    need = 1
+    ivf = faiss.try_extract_index_ivf(index)
+    inner = faiss.downcast_index(ivf if ivf is not None else index)
+    if ivf is not None:
+        quantizer = faiss.downcast_index(ivf.quantizer)  # a multi-index (IMI) trains its sub-quantisers only
+        need = max(need, int(quantizer.pq.ksub) if hasattr(quantizer, "pq") else int(ivf.nlist))
+    elif isinstance(inner, faiss.IndexPreTransform):
+        inner = faiss.downcast_index(inner.index)
+    pq = getattr(inner, "pq", None)
+    if pq is not None:
+        need = max(need, int(pq.ksub))
+    return need
+
+
+def check_index(factory: str, dim: int, entries: int | None, limit: str) -> None:
+    """Refuse (a `SettingError` keyed `index`) an index FAISS cannot build for `dim`-wide keys, or cannot
+    train on a datastore of `entries` entries (None: not known yet); `limit` names what caps them."""
+    check_index_factory(factory, dim)
+    need = training_entries(factory, dim)
+    if entries is not None and entries < need:
+        raise SettingError("index", f"({factory!r}) is trained on the training-text datastore and needs at least "
+                           f"{need} entries (a centroid per IVF list or product-quantiser code), but {limit} caps "
+                           f"it at {entries}: allow more entries, use a smaller index (fewer lists, e.g. `IVF"
+                           f"{max(1, entries // 39)},Flat`), or `exact`")
 
 
 @dataclass
@@ -428,5 +466,5 @@ def build_datastore(model: Any, streams: Any, settings: KNNLMSettings, *, reset:
 
 
 __all__ = ["KEYS", "Datastore", "IndexedDatastore", "KNNLMSettings", "KNNScorer", "append", "build_datastore",
-           "capture_keys", "check_index_factory", "index_datastore", "interpolate", "key_module", "knn_log_prob",
-           "reset_rows", "squared_distances"]
+           "capture_keys", "check_index", "check_index_factory", "index_datastore", "interpolate", "key_module",
+           "knn_log_prob", "reset_rows", "squared_distances", "training_entries"]

@@ -19,6 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..setting_rules import SettingError
+
 SearchStrategy = Literal["graph", "exhaustive"]
 _STRATEGIES = ("graph", "exhaustive")
 CountDtype = Literal["int16", "int32"]
@@ -58,7 +60,7 @@ class MemoriaConfig:
             co-retrievals of one pair) or `"int32"` (exact for any realistic stream).
 
     Raises:
-        ValueError: a size that cannot work, with the fix in the message.
+        SettingError: a size that cannot work, naming the setting, with the fix in the message.
     """
 
     num_wm: int = 50
@@ -78,39 +80,44 @@ class MemoriaConfig:
         for name in ("num_wm", "num_stm_reminded", "num_ltm_reminded", "stm_capacity", "search_depth"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"`{name}` must be an integer, got {value!r}")
+                raise SettingError(name, f"must be an integer, got {value!r}")
         if self.num_wm < 1:
-            raise ValueError(f"`num_wm` ({self.num_wm}) must be at least 1: the memory needs engrams to store")
+            raise SettingError("num_wm", f"({self.num_wm}) must be at least 1: the memory needs engrams to store")
         for name in ("num_stm_reminded", "num_ltm_reminded", "search_depth"):
             if getattr(self, name) < 0:
-                raise ValueError(f"`{name}` ({getattr(self, name)}) must be >= 0")
+                raise SettingError(name, f"({getattr(self, name)}) must be >= 0")
         if self.stm_capacity < 1:
-            raise ValueError(f"`stm_capacity` ({self.stm_capacity}) must be at least 1")
+            raise SettingError("stm_capacity", f"({self.stm_capacity}) must be at least 1")
         if self.num_stm_reminded > self.stm_capacity:
-            raise ValueError(
-                f"`stm_capacity` ({self.stm_capacity}) must be at least `num_stm_reminded` "
+            raise SettingError(
+                "stm_capacity", f"({self.stm_capacity}) must be at least `num_stm_reminded` "
                 f"({self.num_stm_reminded}): STM can never hold that many engrams to remind"
             )
-        if not (isinstance(self.initial_lifespan, (int, float)) and math.isfinite(self.initial_lifespan)):
-            raise ValueError(f"`initial_lifespan` must be a finite number, got {self.initial_lifespan!r}")
+        for name in ("initial_lifespan", "alpha"):  # a bool is no number here
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value)):
+                raise SettingError(name, f"must be a finite number, got {value!r}")
         if self.initial_lifespan <= 0:
-            raise ValueError(
-                f"`initial_lifespan` ({self.initial_lifespan}) must be > 0: engrams would die before being stored"
+            raise SettingError(
+                "initial_lifespan", f"({self.initial_lifespan}) must be > 0: engrams would die before being stored"
             )
-        if not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha)) or self.alpha < 0:
-            raise ValueError(f"`alpha` ({self.alpha!r}) must be a finite number >= 0")
+        if self.alpha < 0:
+            raise SettingError("alpha", f"({self.alpha!r}) must be a finite number >= 0")
+        for name in ("use_stm", "use_ltm"):
+            if not isinstance(getattr(self, name), bool):
+                raise SettingError(name, f"must be true or false, got {getattr(self, name)!r}")
         if self.search not in _STRATEGIES:
-            raise ValueError(f"`search` must be one of {_STRATEGIES}, got {self.search!r}")
+            raise SettingError("search", f"must be one of {_STRATEGIES}, got {self.search!r}")
         if self.count_dtype not in _COUNT_DTYPES:
-            raise ValueError(f"`count_dtype` must be one of {_COUNT_DTYPES}, got {self.count_dtype!r}")
+            raise SettingError("count_dtype", f"must be one of {_COUNT_DTYPES}, got {self.count_dtype!r}")
         if self.capacity is None:
             object.__setattr__(self, "capacity", self.default_capacity())
         elif isinstance(self.capacity, bool) or not isinstance(self.capacity, int):
-            raise ValueError(f"`capacity` must be an integer or None, got {self.capacity!r}")
+            raise SettingError("capacity", f"must be an integer or None, got {self.capacity!r}")
         minimum = self.min_capacity
         if self.capacity < minimum:
-            raise ValueError(
-                f"`capacity` ({self.capacity}) must be at least `stm_capacity + num_wm` ({minimum}) so that a "
+            raise SettingError(
+                "capacity", f"({self.capacity}) must be at least `stm_capacity + num_wm` ({minimum}) so that a "
                 f"new step's working memory always finds room; the default for these sizes is "
                 f"{self.default_capacity()} (steady state about {self.steady_state_bound})"
             )
@@ -152,11 +159,12 @@ class MemoriaConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> MemoriaConfig:
-        """Build from a mapping; unknown keys are an error that names the known ones."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
+        """Build from a mapping; unknown keys are an error that names the known ones (SettingError)."""
+        known = sorted(f.name for f in dataclasses.fields(cls))
+        unknown = sorted(str(k) for k in values if k not in known)
         if unknown:
-            raise ValueError(f"unknown Memoria setting(s) {unknown}; known: {sorted(known)}")
+            more = f" (so are {unknown[1:]})" if len(unknown) > 1 else ""
+            raise SettingError(unknown[0], f"is an unknown Memoria setting{more}; known: {known}")
         return cls(**values)
 
     @classmethod

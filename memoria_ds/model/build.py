@@ -65,4 +65,20 @@ def build_model(
     )
 
 
-__all__ = ["build_model"]
+def build_config(backbone: str | os.PathLike | GPT2Config, preset: str | None = None,
+                 **settings: Any) -> MemoriaGPT2Config:
+    """The config of the model `build_model(backbone, preset, **settings)` builds, without building it or
+    reading any weights (a checkpoint's memories are checked against it; a mismatch of preset and
+    backbone is `build_model`'s to refuse)."""
+    config_class = MemoryMosaicConfig if preset in MOSAIC_PRESETS else MemoriaGPT2Config
+    if isinstance(backbone, GPT2Config):
+        return config_class.from_backbone(backbone, preset, **settings)
+    saved = AutoConfig.from_pretrained(backbone)
+    if isinstance(saved, MemoryMosaicConfig):
+        return MemoryMosaicConfig.from_pretrained(backbone, **settings)
+    if isinstance(saved, MemoriaGPT2Config):
+        return MemoriaGPT2Config.from_pretrained(backbone, **resolve_preset(preset, **settings))
+    return MemoriaGPT2Config.from_backbone(saved, preset, **settings)
+
+
+__all__ = ["build_config", "build_model"]

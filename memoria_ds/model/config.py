@@ -17,20 +17,28 @@ Memory types (SPEC section 2; paper Tables 1, 2, 4, 7):
 A kind's own settings are one dict, `memory_settings`, parsed by the kind's settings class
 (`KIND_SETTINGS`, registered by the kind; docs/baselines.md).
 
+Every setting is checked by its rule (`SETTING_RULES`, `memoria_ds.setting_rules`: its type, no
+bool for an integer, finite numbers, its range or choices), and a bad one is a `SettingError`
+naming its key (`memory_settings.num_slots`, `memoria.num_wm`, `engram_loss`).
+`check_model_settings` checks a preset and its settings before anything is built (the run
+configuration calls it when it loads); what depends on the backbone's shape is checked when
+the config is built (`validate_architecture`).
+
 `PRESETS` names the configurations that the paper compares, so every comparison runs
 through the same model class, launcher and evaluation.
 """
 
 from __future__ import annotations
 
-import math
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
 from transformers import GPT2Config
 
 from ..memory import COMPILE_MODES, MemoriaConfig
+from ..setting_rules import Rule, SettingError
 
 MEMORY_TYPES = ("none", "xl", "memoria", "compressive", "infinity", "memorizing", "mosaic", "memformer")  # mosaic: Memory Mosaics only (model/mosaic/)
 # kinds that cache keys/values at the positions they were computed at (`xl_positions` applies)
@@ -106,6 +114,71 @@ def idle_settings(memory_type: str, keys: Any) -> list[str]:
 # an eighth costs 1.07x there, and kept 81% of the full width's gain from memory in the
 # quality probe of docs/benchmarks.md ("Memory attention width").
 DEFAULT_MEMORY_WIDTH_RATIO = 0.125
+
+# What each setting may hold (`check_memory_values`): the memory's, the Memory Mosaic's
+# (mosaic/config.py) and the backbone's sizes and rates (GPT2Config: huggingface_hub's strict
+# dataclass checks their types only). A kind's `memory_settings` and the `memoria` dict are
+# checked by their own classes.
+SETTING_RULES: dict[str, Rule] = {
+    "memory_type": Rule(str, choices=MEMORY_TYPES),
+    "memory_layers": Rule(list, least=0, what="a list of block indices", optional=True, none="every block"),
+    "memory_heads": Rule(int, least=1, optional=True, none="`n_head`"),
+    "memory_inner_dim": Rule(int, least=1, optional=True, none="from `memory_inner_dim_ratio`"),
+    "memory_inner_dim_ratio": Rule(float, above=0, most=4, optional=True, none="`n_embd`"),
+    "memory_attention_mode": Rule(str, choices=ATTENTION_MODES),
+    "memory_read": Rule(str, choices=MEMORY_READS),
+    "engram_loss": Rule(float, least=0, what="a finite weight", note="0: off"),
+    "engram_bias": Rule(float, optional=True, none="no bias"),
+    "memory_init": Rule(str, choices=INIT_MODES),
+    "abstractor_style": Rule(str, choices=ABSTRACTOR_STYLES),
+    "xl_memory_length": Rule(int, least=1, optional=True, none="one segment"),
+    "xl_positions": Rule(str, choices=XL_POSITIONS),
+    "segment_length": Rule(int, least=1, optional=True, none="not fixed"),
+    "memory_compile": Rule(str, choices=COMPILE_MODES, optional=True),
+    "pmem_size": Rule(int, least=1, optional=True, none="n_inner - n_embd / 2"),
+    "pmem_count": Rule(int, least=1),
+    "bias": Rule(bool),
+    "mosaic_memory_length": Rule(int, least=1, optional=True, none="one segment"),
+    **{name: Rule(int, least=1) for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")},
+    "n_inner": Rule(int, least=1, optional=True, none="4 * n_embd"),
+    **{name: Rule(float, least=0, below=1) for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop",
+                                                        "summary_first_dropout")},
+    "layer_norm_epsilon": Rule(float, above=0),
+    "initializer_range": Rule(float, least=0),
+}
+
+
+def check_memory_values(values: Mapping[str, Any]) -> None:
+    """The settings in `values` (`MemoriaGPT2Config` fields) that need no backbone: each by its
+    rule (`SETTING_RULES`), then those that depend on each other.
+
+    Raises:
+        SettingError: naming the setting, what it holds and what it may hold.
+    """
+    for name, value in values.items():
+        rule = SETTING_RULES.get(name)
+        if rule is not None:
+            rule.check(name, value)
+    read = values.get("memory_read", "cross_attention")
+    if read == "self_attention" and values.get("memory_layers") is not None:
+        raise SettingError("memory_layers", f"({values['memory_layers']}) is for `memory_read='cross_attention'`: "
+                           f"`memory_read='self_attention'` reads the engrams in every block's self-attention; "
+                           f"leave `memory_layers` unset")
+    if values.get("engram_bias") is not None and read != "self_attention":
+        raise SettingError("engram_bias", "biases the engram slots of `memory_read='self_attention'`; set that, or "
+                           "leave `engram_bias` unset")
+
+
+def _resolved_memoria(memoria: Any) -> dict[str, Any]:
+    """The `memoria` setting (a mapping of `MemoriaConfig` fields, or None) with every field resolved."""
+    if memoria is not None and not isinstance(memoria, Mapping):
+        raise SettingError("memoria", f"({memoria!r}) must be a mapping of Memoria settings "
+                           f"(memoria_ds.memory.MemoriaConfig), e.g. {{num_wm: 16}}")
+    try:
+        return MemoriaConfig.from_dict(dict(memoria or {})).to_dict()
+    except SettingError as e:
+        raise e.within("memoria") from None
+
 
 # Keys of a backbone config that describe a checkpoint, not the architecture.
 _NOT_ARCHITECTURE = {
@@ -208,69 +281,37 @@ class MemoriaGPT2Config(GPT2Config):
 
     def __post_init__(self, **kwargs: Any) -> None:
         # resolve the Memoria settings once (capacity included), so config.json is explicit
-        self.memoria = MemoriaConfig.from_dict(dict(self.memoria or {})).to_dict()
+        self.memoria = _resolved_memoria(self.memoria)
         self.memory_settings = resolve_memory_settings(self.memory_type, self.memory_settings)
         super().__post_init__(**kwargs)
 
     # ------------------------------------------------------------------ validation
     def validate_architecture(self) -> None:
-        """Part of the `@strict` validation: every memory setting, with the fix in the message."""
+        """Part of the `@strict` validation: every setting by its rule (`check_memory_values`), then
+        what depends on the backbone's shape; each mistake a `SettingError` naming the setting."""
         super().validate_architecture()
-        if self.memory_type not in MEMORY_TYPES:
-            raise ValueError(f"`memory_type` must be one of {MEMORY_TYPES}, got {self.memory_type!r}")
-        if self.memory_attention_mode not in ATTENTION_MODES:
-            raise ValueError(
-                f"`memory_attention_mode` must be one of {ATTENTION_MODES}, got {self.memory_attention_mode!r}"
-            )
-        if self.memory_read not in MEMORY_READS:
-            raise ValueError(f"`memory_read` must be one of {MEMORY_READS}, got {self.memory_read!r}")
-        if self.memory_read == "self_attention" and self.memory_layers is not None:
-            raise ValueError("`memory_read='self_attention'` reads the engrams in every block's self-attention; "
-                             "leave `memory_layers` unset")
-        if not (isinstance(self.engram_loss, (int, float)) and 0 <= self.engram_loss < float("inf")):
-            raise ValueError(f"`engram_loss` ({self.engram_loss!r}) must be a finite weight >= 0 (0: off)")
+        check_memory_values({name: getattr(self, name) for name in SETTING_RULES if hasattr(self, name)})
         settings_class = KIND_SETTINGS.get(self.memory_type)
         if settings_class is not None and hasattr(settings_class, "check_model"):  # e.g. a block index in range
-            settings_class.from_dict(dict(self.memory_settings or {})).check_model(self)
-        if self.engram_bias is not None:
-            if self.memory_read != "self_attention":
-                raise ValueError("`engram_bias` biases the engram slots of `memory_read='self_attention'`; set that, "
-                                 "or leave `engram_bias` unset")
-            if not (isinstance(self.engram_bias, (int, float)) and math.isfinite(self.engram_bias)):
-                raise ValueError(f"`engram_bias` ({self.engram_bias!r}) must be a finite number, or None (no bias)")
-        if self.memory_init not in INIT_MODES:
-            raise ValueError(f"`memory_init` must be one of {INIT_MODES}, got {self.memory_init!r}")
-        if self.abstractor_style not in ABSTRACTOR_STYLES:
-            raise ValueError(f"`abstractor_style` must be one of {ABSTRACTOR_STYLES}, got {self.abstractor_style!r}")
+            settings = settings_class.from_dict(dict(self.memory_settings or {}))
+            try:
+                settings.check_model(self)
+            except SettingError as e:
+                raise e.within("memory_settings") from None
         if self.memory_layers is not None:
             bad = [i for i in self.memory_layers if not 0 <= i < self.n_layer]
             if bad or len(set(self.memory_layers)) != len(self.memory_layers):
-                raise ValueError(
-                    f"`memory_layers` {self.memory_layers} must be distinct block indices in [0, {self.n_layer}); "
-                    f"use None for every block"
-                )
+                raise SettingError("memory_layers", f"({self.memory_layers}) must be distinct block indices in "
+                                   f"[0, {self.n_layer}); use None for every block")
         heads = self.resolved_memory_heads
-        if heads < 1:
-            raise ValueError(f"`memory_heads` ({heads}) must be at least 1")
-        if self.memory_inner_dim_ratio is not None and not 0 < self.memory_inner_dim_ratio <= 4:
-            raise ValueError(f"`memory_inner_dim_ratio` ({self.memory_inner_dim_ratio}) must be in (0, 4]")
         inner = self.resolved_memory_inner_dim
         if inner < heads or inner % heads:
-            raise ValueError(
-                f"the memory attention width ({inner}) must be a positive multiple of `memory_heads` ({heads})"
-            )
-        if self.memory_compile is not None and self.memory_compile not in COMPILE_MODES:
-            raise ValueError(f"`memory_compile` must be None or one of {COMPILE_MODES}, got {self.memory_compile!r}")
-        if self.xl_positions not in XL_POSITIONS:
-            raise ValueError(f"`xl_positions` must be one of {XL_POSITIONS}, got {self.xl_positions!r}")
-        if self.xl_memory_length is not None and self.xl_memory_length < 1:
-            raise ValueError(f"`xl_memory_length` ({self.xl_memory_length}) must be >= 1, or None for one segment")
+            raise SettingError("memory_inner_dim", f"({inner}): the memory attention width must be a positive "
+                               f"multiple of `memory_heads` ({heads})")
         if self.segment_length is not None and not 1 <= self.segment_length <= self.positions_per_segment:
             banks = " (half of n_positions: `xl_positions='alternate'` uses two banks)" if self.position_banks > 1 else ""
-            raise ValueError(
-                f"`segment_length` ({self.segment_length}) must be in [1, {self.positions_per_segment}]{banks}: "
-                f"GPT-2's learned positions (n_positions={self.n_positions}) stop there"
-            )
+            raise SettingError("segment_length", f"({self.segment_length}) must be in [1, {self.positions_per_segment}]"
+                               f"{banks}: GPT-2's learned positions (n_positions={self.n_positions}) stop there")
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -351,16 +392,17 @@ def resolve_memory_settings(memory_type: str, settings: dict[str, Any] | None) -
     """A kind's `memory_settings`, every field resolved by the kind's settings class (None: it has none).
 
     Raises:
-        ValueError: settings for a kind that takes none, or a bad setting (the kind's message).
+        SettingError: settings for a kind that takes none, or a bad setting (keyed `memory_settings.<name>`).
     """
     if memory_type not in MEMORY_TYPES:
         return settings  # validate_architecture says so
     settings_class = KIND_SETTINGS.get(memory_type)
     if settings_class is None:
         if settings:
-            raise ValueError(f"memory type {memory_type!r} takes no `memory_settings`, got {sorted(settings)}")
+            raise SettingError("memory_settings", f"({settings!r}): memory type {memory_type!r} takes no "
+                               f"`memory_settings`; remove them")
         return None
-    return settings_class.from_dict(dict(settings or {})).to_dict()
+    return settings_class.from_dict(settings if settings is not None else {}).to_dict()
 
 
 def resolve_preset(preset: str | None, **settings: Any) -> dict[str, Any]:
@@ -371,10 +413,28 @@ def resolve_preset(preset: str | None, **settings: Any) -> dict[str, Any]:
     merged = {}
     for key in ("memoria", "memory_settings"):
         merged[key] = dict(values.pop(key, None) or {})
-        merged[key].update(settings.pop(key, None) or {})
+        given = settings.pop(key, None)
+        if given is not None and not isinstance(given, Mapping):
+            raise SettingError(key, f"({given!r}) must be a mapping of settings (name: value)")
+        merged[key].update(given or {})
     values.update(settings)
     values.update({key: value for key, value in merged.items() if value})
     return values
+
+
+def check_model_settings(preset: str | None, settings: Mapping[str, Any]) -> None:
+    """Check the settings a model of `preset` with `settings` is built from, as far as no backbone is
+    needed (its shape decides the rest, in `validate_architecture`): every setting by its rule, the
+    Memoria settings and the kind's `memory_settings` by their classes. Nothing is built.
+
+    Raises:
+        SettingError: naming the setting as `settings` does (`engram_loss`, `memory_settings.num_slots`).
+        ValueError: an unknown preset.
+    """
+    values = resolve_preset(preset, **settings)
+    check_memory_values(values)
+    _resolved_memoria(values.get("memoria"))
+    resolve_memory_settings(values.get("memory_type", "memoria"), values.get("memory_settings"))
 
 
 def _memory_fields() -> set[str]:
@@ -399,5 +459,5 @@ def _memory_fields() -> set[str]:
 
 
 __all__ = ["MemoriaGPT2Config", "PRESETS", "MEMORY_TYPES", "CACHED_KV_TYPES", "KIND_SETTINGS", "SETTINGS_OF_KIND",
-           "idle_settings", "XL_POSITIONS", "resolve_memory_settings", "position_banks", "DEFAULT_MEMORY_WIDTH_RATIO",
-           "resolve_preset"]
+           "SETTING_RULES", "idle_settings", "XL_POSITIONS", "resolve_memory_settings", "position_banks",
+           "DEFAULT_MEMORY_WIDTH_RATIO", "resolve_preset", "check_model_settings", "check_memory_values"]

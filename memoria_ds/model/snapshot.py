@@ -113,7 +113,9 @@ def load_snapshot(path: str | Path, model: Any, stream_ids: list[int] | None = N
 
     Raises:
         SnapshotMismatch: another model's snapshot (weights, shape or memory settings).
-        ValueError: not a snapshot, or a stream id it does not hold.
+        ValueError: not a snapshot, a memory this model cannot run (damaged or crafted: another
+            kind, a field of the wrong shape or dtype, a value out of range), or a stream id it
+            does not hold.
     """
     tree = load_tree(path)
     if not isinstance(tree, dict) or tree.get("kind") != SNAPSHOT_KIND:
@@ -128,9 +130,8 @@ def load_snapshot(path: str | Path, model: Any, stream_ids: list[int] | None = N
             f"this one: {model.config.memory_type}, {mine}). Engrams are a model's own hidden states: read the text "
             f"again with this model (memoria_ds.model.read) to make its snapshot"
         )
-    config = getattr(model.config, "memoria_config", None) if model.config.memory_type == "memoria" else None
-    try:
-        memory = memory_from_state_dict(tree["memory"], config=config, device=device)
+    try:  # of the model's kind, every field fitting its shapes and settings, every value in range
+        memory = memory_from_state_dict(tree["memory"], device=device, model_config=model.config)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
     ids = list(tree["stream_ids"])

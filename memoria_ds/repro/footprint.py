@@ -14,7 +14,8 @@ Parts, per data-parallel rank (Psi = parameters, Nd = ranks):
   fp32, the co-retrieval counts C x C (int16 by default), plus per-slot kind / lifespan /
   uid / norm, and the previous segment's hidden states L x D fp32; times the rows (=
   streams) of the rank. Transformer-XL instead keeps keys and values of every layer.
-- **Activations** (rough): Korthikanti et al. (2022), s*b*h*(34 + 5*a*k/h) bytes per
+- **Activations** (rough; `train/activation_memory.py`, by which `train/preflight.py` also
+  refuses a bptt span that cannot fit): Korthikanti et al. (2022), s*b*h*(34 + 5*a*k/h) bytes per
   layer in 16-bit without recomputation (k = keys attended), plus the logits and their
   fp32 log-softmax, plus the memory cross-attention of Memoria blocks. Good to about 30%.
 
@@ -31,14 +32,13 @@ from typing import Any
 
 import torch
 
-from ..data import VOCAB_SIZE, enwik8_vocabulary
 from ..model import MemoriaGPT2Config
-from ..model.recurrent import memory_kind
-from ..train.build import GPT2_SHAPES, from_scratch_backbone
+from ..train.activation_memory import (GIB, activation_bytes, engram_bytes_per_row, fmt_bytes, span_bytes,
+                                       vocab_size)
+from ..train.build import from_scratch_backbone
 from ..train.config import RunConfig
 from ..train.engine import zero_model_state_bytes
 
-GIB = 1024**3
 # ZeRO choices the planner considers, cheapest first: name -> (stage, offload, DeepSpeed JSON)
 ZERO_CHOICES = {
     "1": (1, False, "ds_configs/zero1.json"),
@@ -48,20 +48,6 @@ ZERO_CHOICES = {
     "3-offload": (3, True, "ds_configs/zero3_offload.json"),
 }
 SINGLE_GPU_CONFIG = "ds_configs/single_gpu.json"  # ZeRO-1 on one rank: nothing to shard
-
-
-def vocab_size(cfg: RunConfig) -> int:
-    """The corpus vocabulary, without loading the corpus."""
-    if cfg.data.corpus == "sorting":
-        return VOCAB_SIZE
-    if cfg.data.corpus == "enwik8" and cfg.data.tokenizer is None:
-        return len(enwik8_vocabulary(cfg.data.loader.get("newlines", "drop")).symbols)
-    name = (cfg.data.tokenizer or "gpt2").split("/")[-1]
-    if name in GPT2_SHAPES:
-        return 50257
-    from ..data import load_tokenizer
-
-    return len(load_tokenizer(cfg.data.tokenizer))
 
 
 def model_config(cfg: RunConfig) -> MemoriaGPT2Config:
@@ -97,39 +83,6 @@ def _count_parameters(config_json: str) -> tuple[tuple[str, int], ...]:
     backbone = sum(p.numel() for p in model.transformer.parameters())
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())  # ZeRO-3 gathers it
     return (("total", total), ("backbone", backbone), ("memory", total - backbone), ("largest_layer", largest))
-
-
-def engram_bytes_per_row(config: MemoriaGPT2Config, segment_length: int) -> dict[str, int]:
-    """Bytes of one memory row of the model (`MemoryState` fields plus the carried context)."""
-    d = config.n_embd
-    if config.memory_type == "memoria":
-        mem = config.memoria_config
-        c = mem.capacity
-        count = torch.tensor([], dtype=getattr(torch, mem.count_dtype)).element_size()
-        return {"vectors": c * d * 4, "counts": c * c * count,
-                "slots": c * (4 + 8 + 1 + 4 + 8),  # sq_norms fp32, digest int64, kind int8, lifespan fp32, uid int64
-                "previous_segment": segment_length * (d * 4 + 1), "capacity": c}
-    kind = memory_kind(config)
-    length = kind.cached_slots(segment_length)  # xl, compressive: cached keys/values
-    if length:
-        return {"keys_values": 2 * config.n_layer * length * d * 2, "capacity": 0}  # 16-bit cache
-    own = kind.row_bytes(segment_length)  # another kind's state (the infinity-former's)
-    if own:
-        return {**own, "capacity": 0}
-    return {"capacity": 0}
-
-
-def activation_bytes(config: MemoriaGPT2Config, micro_batch: int, segment_length: int) -> float:
-    """Activations of one micro-batch forward+backward, 16-bit, no recomputation (rough)."""
-    s, b, h, a, n = segment_length, micro_batch, config.n_embd, config.n_head, config.n_layer
-    keys = s + memory_kind(config).cached_slots(s)
-    total = n * s * b * h * (34 + 5 * a * keys / h)
-    if config.memory_type == "memoria":  # per memory block: 2 layer norms, q/out projections, probabilities
-        mem = config.memoria_config
-        engrams = mem.num_wm + mem.num_reminded
-        total += len(config.resolved_memory_layers) * (s * b * h * 16 + 5 * a * s * b * engrams)
-    logits = s * b * config.vocab_size * (2 + 4 + 4)  # 16-bit logits, fp32 log-softmax and its gradient
-    return total + logits
 
 
 @dataclass(frozen=True)
@@ -191,12 +144,5 @@ def ds_config_for(zero: str, world_size: int) -> str:
     return SINGLE_GPU_CONFIG if world_size == 1 and not offload and stage < 3 else path
 
 
-def fmt_bytes(n: float) -> str:
-    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= size:
-            return f"{n / size:.{1 if n >= 10 * size else 2}f} {unit}"
-    return f"{int(n)} B"
-
-
 __all__ = ["Footprint", "ZERO_CHOICES", "activation_bytes", "choose_zero", "count_parameters", "ds_config_for",
-           "engram_bytes_per_row", "estimate", "fmt_bytes", "model_config", "vocab_size"]
+           "engram_bytes_per_row", "estimate", "fmt_bytes", "model_config", "span_bytes", "vocab_size"]

@@ -12,6 +12,7 @@ from transformers import AutoConfig, GPT2Config
 
 from ..data import TokenCorpus, input_length_for, local_documents, prepare_corpus, sorting_dataset
 from ..model import MemoriaGPT2Config, apply_lora, build_model
+from ..model.build import build_config
 from ..model.mosaic import MOSAIC_PRESETS, MemoryMosaicConfig
 from . import distributed as dist_utils
 from . import faults
@@ -147,18 +148,14 @@ def build_run_model(cfg: RunConfig, vocab_size: int | None) -> nn.Module:
             says otherwise; a pretrained backbone must cover it.
     """
     m = cfg.model
-    settings = dict(m.settings)
-    settings.setdefault("segment_length", cfg.data.segment_length)
+    backbone, settings = _model_source(cfg, vocab_size)
     if m.from_scratch:
-        backbone = from_scratch_backbone(m, settings.pop("vocab_size", vocab_size))
-        arch = {k: settings.pop(k) for k in list(settings) if k in GPT2Config().to_dict() and k != "vocab_size"}
-        backbone = GPT2Config(**{**backbone.to_dict(), **arch})
         model = build_model(backbone, m.preset, attn_implementation=m.attn_implementation, **settings)
     else:
         # fp32 whatever dtype the checkpoint was saved in: the engine owns the precision (DeepSpeed
         # keeps fp32 masters and casts; ZeRO-3 needs one dtype across the backbone and the new
         # modules, which are built in fp32)
-        model = build_model(m.backbone, m.preset, dtype=torch.float32, attn_implementation=m.attn_implementation,
+        model = build_model(backbone, m.preset, dtype=torch.float32, attn_implementation=m.attn_implementation,
                             **settings)
     if vocab_size is not None and model.config.vocab_size < vocab_size:
         raise ValueError(
@@ -169,6 +166,27 @@ def build_run_model(cfg: RunConfig, vocab_size: int | None) -> nn.Module:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     return apply_lora_section(model, cfg.lora)
+
+
+def run_model_config(cfg: RunConfig, vocab_size: int | None = None) -> MemoriaGPT2Config:
+    """The config of the model `build_run_model` builds for `cfg`, without building it or reading any
+    weights (a from-scratch model's vocabulary, which the corpus gives, is the backbone's unless
+    `vocab_size` says): what a checkpoint's memories are checked against."""
+    backbone, settings = _model_source(cfg, vocab_size)
+    return build_config(backbone, cfg.model.preset, **settings)
+
+
+def _model_source(cfg: RunConfig, vocab_size: int | None) -> tuple[GPT2Config | str, dict[str, Any]]:
+    """The backbone `build_model` starts from (a from-scratch model's `GPT2Config` with the shape
+    settings applied, else the hub name or directory) and the settings left for the model."""
+    m = cfg.model
+    settings = dict(m.settings)
+    settings.setdefault("segment_length", cfg.data.segment_length)
+    if not m.from_scratch:
+        return m.backbone, settings
+    backbone = from_scratch_backbone(m, settings.pop("vocab_size", vocab_size))
+    arch = {k: settings.pop(k) for k in list(settings) if k in GPT2Config().to_dict() and k != "vocab_size"}
+    return GPT2Config(**{**backbone.to_dict(), **arch}), settings
 
 
 def apply_lora_section(model: nn.Module, lora: LoraSection) -> nn.Module:

@@ -23,9 +23,10 @@ from ..data.corpora import CORPORA
 from ..data.reset import ResetPolicy
 from ..data.sorting import NUM_SYMBOLS
 from ..eval.protocols import PROTOCOL_NAMES
-from ..memory import COMPILE_MODES, MemoriaConfig
-from ..model.config import position_banks, resolve_preset
+from ..memory import COMPILE_MODES
+from ..model.config import check_model_settings, position_banks, resolve_preset
 from ..model.mosaic.config import MOSAIC_FIELDS, MOSAIC_PRESETS, MemoryMosaicConfig
+from ..setting_rules import SettingError
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
@@ -113,15 +114,15 @@ class ModelSection(Section):
             raise ValueError(f"`model.settings` {', '.join(mosaic_only)} configure a Memory Mosaic; "
                              f"model.preset={self.preset} does not read them: remove them, or set "
                              f"model.preset={sorted(MOSAIC_PRESETS)[0]}")
+        # every setting by its rule, the Memoria and the kind's settings by their classes; an unknown
+        # preset is a ValueError naming the known ones (what the backbone's shape decides: train/preflight.py)
+        try:
+            check_model_settings(self.preset, self.settings)
+        except SettingError as e:
+            raise e.within("model.settings") from None
         if "n_embd" in self.settings and "n_head" in self.settings and self.settings["n_embd"] % self.settings["n_head"]:
             raise ValueError(f"`model.settings.n_head` ({self.settings['n_head']}) must divide `n_embd` "
                              f"({self.settings['n_embd']})")
-        values = resolve_preset(self.preset, **self.settings)  # unknown preset: ValueError naming the known ones
-        if values.get("memoria"):
-            try:
-                MemoriaConfig.from_dict(values["memoria"])
-            except TypeError as e:  # a value of the wrong type reached a comparison
-                raise ValueError(f"`model.settings.memoria`: {e}") from None
         return self
 
 
@@ -441,7 +442,10 @@ class KNNLMSection(Section):
 
     @model_validator(mode="after")
     def check(self):
-        self.settings()  # one place for the checks and their messages
+        try:
+            self.settings()  # one place for the checks and their messages (the index against the model: preflight.py)
+        except SettingError as e:
+            raise e.within("eval.knn_lm") from None
         if self.index != "exact" and not self.train_datastore:
             raise ValueError(f"`eval.knn_lm.index={self.index}` searches the training-text datastore, which is off: "
                              "set eval.knn_lm.train_datastore=true (each stream's own datastore is searched exactly)")

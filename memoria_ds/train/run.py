@@ -19,6 +19,7 @@ from ..memory import MemoriaConfig
 from .checkpoints import (CheckpointError, CheckpointInfo, describe_resume, ensure_universal, fingerprint,
                           list_checkpoints, load_all_shards, load_shard, make_shard, restore_memories,
                           save_checkpoint, seed_everything, set_rng_state)
+from .build import unwrap
 from .config import RunConfig
 from .distributed import DistInfo
 from .engine import DeepSpeedEngine, TrainEngine, versions
@@ -158,7 +159,8 @@ class RunState:
         mine = shards[0] if same else next(s for s in shards if s["rank"] == 0)
         try:
             self.streams.load_state_dict(mine["streams"])
-            self.memories = restore_memories(shards, self.stream_ids, ctx.micro, ctx.device, ctx.memoria_config)
+            self.memories = restore_memories(shards, self.stream_ids, ctx.micro, ctx.device, ctx.memoria_config,
+                                             model_config=unwrap(self.model).config)
         except (ValueError, KeyError, TypeError) as e:  # a shard that does not fit this run's streams or model
             raise CheckpointError(f"checkpoint {ckpt.path} cannot be resumed by this run: {e}") from None
         if same:

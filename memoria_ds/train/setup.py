@@ -37,6 +37,7 @@ from .engine import (DeepSpeedEngine, TorchEngine, TrainEngine, capped_memory_de
                      memory_settings_idle, zero3_construction)
 from .health import weights_magnitude
 from .parse import ConfigError, dump
+from .preflight import check_datastore, check_run
 from .run import RunContext, RunState, rank0_print
 from .run_lock import RunDirInUse, RunLock
 
@@ -165,12 +166,15 @@ def _build(cfg: RunConfig, info: DistInfo, lock: RunLock) -> tuple[RunContext, R
     log = functools.partial(rank0_print, info)
     precision = resolve_precision(cfg.optim.precision, info.device)
     check_pretrained_settings(cfg.model)  # before any data work
+    check_run(cfg, info, precision)  # the settings against the model's shape, the kNN-LM index, a bptt span
     resumed = _resume_point(cfg, info, log)
     # DeepSpeed config mistakes (batch arithmetic, fp16 on CPU) stop the run before any data work
     ds_config = _ds_config(cfg, info, precision, resumed) if cfg.engine == "deepspeed" else None
 
     splits = ("train",) + ((cfg.eval.split,) if (cfg.eval.at_end or cfg.eval.every) else ())
     corpora = load_corpora(cfg.data, splits, info.rank)
+    if cfg.data.corpus != "sorting":
+        check_datastore(cfg, corpora["train"].num_tokens)
     num_streams = cfg.optim.micro_batch_size * cfg.optim.grad_accum * info.world_size
     streams = _streams(cfg, info, corpora["train"], num_streams)
     if len(splits) > 1 and cfg.data.corpus != "sorting":

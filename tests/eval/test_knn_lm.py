@@ -211,8 +211,9 @@ def test_reset_forgets_the_row_only() -> None:
 
 
 def test_settings_refuse_bad_values() -> None:
-    for bad in (dict(k=0), dict(lmbda=1.5), dict(temperature=0.0), dict(key="h"), dict(max_entries=0)):
-        with pytest.raises(ValueError, match="kNN-LM"):
+    for bad in (dict(k=0), dict(lmbda=1.5), dict(lmbda=1.0), dict(temperature=0.0), dict(temperature=math.inf),
+                dict(key="h"), dict(max_entries=0), dict(k=True)):
+        with pytest.raises(ValueError, match=f"`{next(iter(bad))}`"):
             KNNLMSettings(**bad)
 
 

@@ -225,9 +225,10 @@ def test_layer_defaults_and_validation(backbone_config):
     cfg = MemoriaGPT2Config.from_backbone(GPT2Config(**twelve), "memorizing")
     assert memory_kind(cfg).layer == 8  # the paper's 9th of 12
     assert cfg.memory_settings == {"layer": None, "size": 8192, "topk": 32}  # resolved, so config.json is explicit
-    for bad, match in (({"layer": 2}, r"memorizing `layer` \(2\) must be a block index in \[0, 2\)"),
-                       ({"layer": -1}, "memorizing `layer`"), ({"size": 0}, "memorizing `size`"),
-                       ({"topk": 0}, "memorizing `topk`"), ({"k": 3}, r"unknown memorizing setting\(s\) \['k'\]")):
+    for bad, match in (({"layer": 2}, r"`memory_settings.layer` \(2\) must be a block index in \[0, 2\)"),
+                       ({"layer": -1}, "`memory_settings.layer`"), ({"size": 0}, "`memory_settings.size`"),
+                       ({"topk": 0}, "`memory_settings.topk`"), ({"layer": True}, "`memory_settings.layer` \(True\)"),
+                       ({"k": 3}, r"`memory_settings.k` is an unknown memorizing setting")):
         with pytest.raises(Exception, match=match):  # HF's strict-dataclass error, caused by a ValueError
             MemoriaGPT2Config.from_backbone(backbone_config, "memorizing", memory_settings=bad)
 

@@ -91,7 +91,7 @@ def test_saved_moved_and_stacked_rows_read_the_same():
     torch.testing.assert_close(model(nxt, memory=stacked).logits, want, atol=0, rtol=0)
     bad = memory.state_dict()
     bad["kbar"] = bad["kbar"][:, :1]
-    with pytest.raises(ValueError, match="inconsistent mosaic memory"):
+    with pytest.raises(ValueError, match="`kbar` has shape"):
         memory_from_state_dict(bad)
     with pytest.raises(ValueError, match="blocks, heads"):
         model_of(length=100, n_layer=1)(nxt, memory=memory)

@@ -139,7 +139,7 @@ def test_pretrain_keeps_the_users_learning_rate(tmp_path):
         (["optim.precision=fp8"], r"`optim.precision` must be one of \['auto', 'fp32', 'bf16', 'fp16'\], got 'fp8'"),
         (["optim.betas=[0.9, x]"], r"`optim.betas.1` must be a number, got 'x'"),
         (["data.segment_length=64.5"], r"`data.segment_length` must be an integer, got 64.5"),
-        (["model.settings.memoria={num_wm: x}"], r"`num_wm` must be an integer, got 'x'"),
+        (["model.settings.memoria={num_wm: x}"], r"`model.settings.memoria.num_wm` must be an integer, got 'x'"),
     ],
 )
 def test_every_section_of_the_run_config_refuses_what_it_cannot_use(overrides, message):

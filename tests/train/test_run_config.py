@@ -10,9 +10,9 @@ from memoria_ds.train.parse import ConfigError, load
     "overrides,message",
     [
         (["model.preset=memorio"], r"unknown preset 'memorio'; known: \[.*'memoria', 'memoria_fast'"),
-        (["model.settings.memoria={num_wm: 0}"], r"`num_wm` \(0\) must be at least 1"),
-        (["model.settings.memoria={stm_capacity: 10}"], r"stm_capacity.*at least.*num_stm_reminded"),
-        (["model.settings.memoria={num_wn: 4}"], r"unknown Memoria setting\(s\) \['num_wn'\]"),
+        (["model.settings.memoria={num_wm: 0}"], r"`model.settings.memoria.num_wm` \(0\) must be at least 1"),
+        (["model.settings.memoria={stm_capacity: 10}"], r"`model.settings.memoria.stm_capacity`.*at least.*num_stm_reminded"),
+        (["model.settings.memoria={num_wn: 4}"], r"`model.settings.memoria.num_wn` is an unknown Memoria setting; known: "),
         (["data.corpus=/data/my.txt"], r"unknown `data.corpus` '/data/my.txt'.*data.corpus=files"),
         (["data.corpus=wikitext"], r"choose from \['bundled', 'enwik8', 'pg19', 'wikitext103', 'files', 'sorting'\]"),
         (["data.corpus=files"], r"needs `data.files`"),

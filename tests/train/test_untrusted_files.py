@@ -206,8 +206,8 @@ def test_a_poisoned_memoria_memory_is_refused(poison, says):
 
 @pytest.mark.parametrize("change,says", [
     (lambda m: m.update(state="a string"), "a memory state must be a mapping"),
-    (lambda m: m.pop("prev_hidden"), "malformed (KeyError"),
-    (lambda m: m.update(prev_hidden=[1, 2]), "malformed"),
+    (lambda m: m.pop("prev_hidden"), "`prev_hidden` is missing"),
+    (lambda m: m.update(prev_hidden=[1, 2]), "`prev_hidden` is a list, expected a tensor"),
     (lambda m: m.update(kind=["memoria"]), "unknown memory kind"),
     (lambda m: m.update(kind="lstm"), "unknown memory kind 'lstm'"),
     (lambda m: m["prev_hidden"].fill_(float("-inf")), "non-finite values in `prev_hidden`"),

@@ -35,6 +35,7 @@ from typing import Any
 
 from huggingface_hub.dataclasses import strict
 
+from ...setting_rules import SettingError
 from ..config import MemoriaGPT2Config
 
 # The presets `build_model` builds as a Memory Mosaic (each also in `config.PRESETS`).
@@ -82,20 +83,14 @@ class MemoryMosaicConfig(MemoriaGPT2Config):
         super().__post_init__(**kwargs)
 
     def validate_architecture(self) -> None:
-        """Part of the `@strict` validation: the mosaic's own settings, with the fix in the message."""
+        """Part of the `@strict` validation: the mosaic's own settings (their types and ranges by their
+        rules, `config.SETTING_RULES`), each mistake a `SettingError` naming the setting."""
         super().validate_architecture()
         if self.n_embd % self.n_head:
-            raise ValueError(f"`n_head` ({self.n_head}) must divide `n_embd` ({self.n_embd})")
-        if self.pmem_size is not None and self.pmem_size < 1:
-            raise ValueError(f"`pmem_size` ({self.pmem_size}) must be at least 1 (None: n_inner - n_embd / 2)")
-        if self.pmem_count < 1:
-            raise ValueError(f"`pmem_count` ({self.pmem_count}) must be at least 1")
+            raise SettingError("n_head", f"({self.n_head}) must divide `n_embd` ({self.n_embd})")
         if self.memory_type not in ("none", "mosaic"):
-            raise ValueError(f"a Memory Mosaic's `memory_type` is 'none' (each segment alone, the paper's) or "
-                             f"'mosaic' (its contextual memory carried), got {self.memory_type!r}")
-        if self.mosaic_memory_length is not None and self.mosaic_memory_length < 1:
-            raise ValueError(f"`mosaic_memory_length` ({self.mosaic_memory_length}) must be >= 1, "
-                             f"or None for one segment")
+            raise SettingError("memory_type", f"of a Memory Mosaic is 'none' (each segment alone, the paper's) or "
+                               f"'mosaic' (its contextual memory carried), got {self.memory_type!r}")
 
     @property
     def head_dim(self) -> int:

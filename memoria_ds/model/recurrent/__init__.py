@@ -10,7 +10,7 @@
     memformer    `MemformerMemory`    Memformer's memory slots, read by every block, written by slot attention
 
 `memory_kind(config)` gives the kind a model runs; `memory_from_state_dict` rebuilds a
-saved memory of any kind.
+saved memory of any kind, after its kind's `check_state` (built from `saved_state.py`).
 """
 
 from __future__ import annotations
@@ -45,23 +45,36 @@ def memory_kind(config: Any) -> MemoryKind:
 
 
 def memory_from_state_dict(
-    state_dict: dict[str, Any], config: MemoriaConfig | None = None, device: torch.device | str | None = None
+    state_dict: dict[str, Any], config: MemoriaConfig | None = None, device: torch.device | str | None = None,
+    model_config: Any = None,
 ) -> RecurrentMemory:
-    """Rebuild a memory of any kind from its `state_dict()` (Memoria's checked against `config`).
+    """Rebuild a memory of any kind from its `state_dict()`.
 
     A saved memory comes from a file (a checkpoint shard, a snapshot): whatever is wrong with it
-    (a missing or mistyped field, a non-finite value, a value its kind cannot hold) is a
-    ValueError naming the problem, never another exception from inside a kind.
+    (a missing or mistyped field, a non-finite value, a value its kind cannot hold, with
+    `model_config` a memory of another kind or of a shape this model cannot run) is a ValueError
+    naming the problem, never another exception from inside a kind, nor later in a forward.
+    Every kind checks its own fields (`MemoryKind.check_state`) before the memory is rebuilt.
+
+    Args:
+        config: Memoria's settings to check an engine state's capacity against (implied by `model_config`).
+        model_config: the config of the model that will run the memory (a `MemoriaGPT2Config`):
+            the memory must be of its kind and fit its shapes and settings.
     """
     if not isinstance(state_dict, dict):
         raise ValueError(f"a saved memory must be a mapping, got a {type(state_dict).__name__}")
     kind = state_dict.get("kind")
     if not isinstance(kind, str) or kind not in KINDS:
         raise ValueError(f"unknown memory kind {kind!r}; expected one of {sorted(KINDS)}")
+    if model_config is not None and kind != model_config.memory_type:
+        raise ValueError(f"saved memory is of kind {kind!r} but this model's memory is {model_config.memory_type!r}")
     where = _non_finite(state_dict)
     if where is not None:
         raise ValueError(f"saved {kind} memory holds non-finite values in `{where}`: damaged or crafted, not loaded")
+    if model_config is not None and kind == "memoria" and config is None:
+        config = model_config.memoria_config
     try:
+        KINDS[kind].check_state(state_dict, model_config)
         return KINDS[kind].memory_class.from_state_dict(state_dict, config=config, device=device)
     except (KeyError, TypeError, AttributeError, IndexError, RuntimeError) as e:
         raise ValueError(f"saved {kind} memory is malformed ({type(e).__name__}: {e})") from None

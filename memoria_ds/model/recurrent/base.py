@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from ...setting_rules import SettingError, check_fields
 from ..config import KIND_SETTINGS, MemoriaGPT2Config
 from ..memory_attention import MemoryInputs
 
@@ -157,19 +158,34 @@ class BlockWrites:
 
 
 class KindSettings:
-    """Base of a kind's `settings_class` (a frozen dataclass of its settings, checked in its
-    `__post_init__`): `from_dict` refuses unknown names, naming the known ones; `to_dict` gives
-    every setting, resolved. Subclasses set `kind` (the name in messages)."""
+    """Base of a kind's `settings_class`, a frozen dataclass of its settings. Every field is
+    checked by its rule (`memoria_ds.setting_rules`: the annotation's type, bool is no integer,
+    numbers finite, the range its `setting(...)` declares); a subclass that needs more (settings
+    that depend on each other) extends `__post_init__`. `from_dict` parses the config's
+    `memory_settings`: a mapping of known names (an unknown one is refused, naming the known
+    ones); its errors are `SettingError`s keyed `memory_settings.<name>`. `to_dict` gives every
+    setting, resolved. Subclasses set `kind` (the name in messages)."""
 
     kind: ClassVar[str] = "memory"
 
+    def __post_init__(self) -> None:
+        check_fields(self)
+
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Any:
-        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-        unknown = sorted(set(values) - known)
+        known = sorted(f.name for f in fields(cls))  # type: ignore[arg-type]
+        if not isinstance(values, dict):
+            raise SettingError("memory_settings", f"({values!r}) must be a mapping of {cls.kind} settings; "
+                               f"known: {known}")
+        unknown = sorted(str(k) for k in values if k not in known)
         if unknown:
-            raise ValueError(f"unknown {cls.kind} setting(s) {unknown}; known: {sorted(known)}")
-        return cls(**values)
+            more = f" (so are {unknown[1:]})" if len(unknown) > 1 else ""
+            raise SettingError(f"memory_settings.{unknown[0]}", f"is an unknown {cls.kind} setting{more}; "
+                               f"known: {known}")
+        try:
+            return cls(**values)
+        except SettingError as e:
+            raise e.within("memory_settings") from None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)  # type: ignore[call-overload]
@@ -235,6 +251,18 @@ class MemoryKind:
 
     def check(self, memory: Any) -> None:
         """Raise ValueError if `memory` does not fit this model (beyond rows and device)."""
+
+    @classmethod
+    def check_state(cls, state_dict: dict[str, Any], config: MemoriaGPT2Config | None = None) -> None:
+        """Raise ValueError, naming the field, unless `state_dict` (a saved memory of this kind, read
+        from a file: untrusted) is one this kind can run: every field a tensor of the dtype the kind
+        writes, of a shape that fits the other fields and, given the model's `config`, the model
+        (widths, heads, layers, slots, capacities), with values in range (finite, masks boolean,
+        counts non-negative, lengths within capacity). Without `config` only what the file itself
+        fixes is checked. Each kind implements it in its own file with a `saved_state.SavedState`;
+        `memory_from_state_dict` calls it before a memory is rebuilt.
+        """
+        raise NotImplementedError(f"memory kind {cls.name!r} does not check its saved state")
 
     def prepare(
         self, memory: Any | None, batch_size: int, device: torch.device, dtype: torch.dtype, reset: Tensor | None

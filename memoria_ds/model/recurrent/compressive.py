@@ -35,7 +35,9 @@ import torch
 from torch import Tensor, nn
 
 from ...rows import BatchRows, rows_field
+from ...setting_rules import setting
 from .base import FORMAT, BlockWrites, KindSettings, MemoryKind, check_format
+from .saved_state import BOOL, FLOATS, INT64, SavedState, backbone_sizes
 from .compression import COMPRESSIONS, CompressionNet, pad_to_rate, reconstruction_error
 from .xl import XLRead, roll_memory
 
@@ -56,23 +58,12 @@ class CompressiveSettings(KindSettings):
 
     kind: ClassVar[str] = "compressive"
 
-    memory_length: int | None = None
-    compressed_length: int | None = None
-    compression_rate: int = 4
-    compression: str = "conv"
-    reconstruction_weight: float = 1.0
-
-    def __post_init__(self) -> None:
-        for name in ("memory_length", "compressed_length"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"compressive `{name}` ({value!r}) must be an integer >= 1, or None")
-        if not isinstance(self.compression_rate, int) or self.compression_rate < 1:
-            raise ValueError(f"compressive `compression_rate` ({self.compression_rate!r}) must be an integer >= 1")
-        if self.compression not in COMPRESSIONS:
-            raise ValueError(f"compressive `compression` must be one of {COMPRESSIONS}, got {self.compression!r}")
-        if not self.reconstruction_weight >= 0:
-            raise ValueError(f"compressive `reconstruction_weight` ({self.reconstruction_weight!r}) must be >= 0")
+    # checked by their rules (KindSettings)
+    memory_length: int | None = setting(None, least=1, none="half the segment")
+    compressed_length: int | None = setting(None, least=1, none="`memory_length`")
+    compression_rate: int = setting(4, least=1)
+    compression: str = setting("conv", choices=COMPRESSIONS)
+    reconstruction_weight: float = setting(1.0, least=0)
 
     def lengths(self, segment_length: int) -> tuple[int, int]:
         """(M, C) for segments of `segment_length` tokens."""
@@ -196,6 +187,22 @@ class CompressiveKind(MemoryKind):
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> CompressiveMemory:
         cfg = self.config
         return CompressiveMemory.empty(batch_size, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, device, dtype)
+
+    @classmethod
+    def check_state(cls, state_dict: dict[str, Any], config: Any = None) -> None:
+        s = SavedState(state_dict, "compressive", backbone_sizes(config))
+        keys = s.tensor("keys", FLOATS, "B Y H M hd")
+        for name, dims in (("values", "B Y H M hd"), ("compressed_keys", "B Y H C hd"),
+                           ("compressed_values", "B Y H C hd")):
+            s.tensor(name, (keys.dtype,), dims)
+        s.tensor("mask", BOOL, "B M")
+        s.tensor("compressed_mask", BOOL, "B C")
+        s.require((s.tensor("segments", INT64, "B") >= 0).all(), "segments", "holds a negative count")
+        if config is not None:  # the longest segment gives the largest default lengths
+            settings = cls.settings_class.from_dict(dict(config.memory_settings or {}))
+            memory, compressed = settings.lengths(config.segment_length or config.positions_per_segment)
+            s.at_most("mask", "M", memory, "compressive `memory_length`")
+            s.at_most("compressed_mask", "C", compressed, "compressive `compressed_length`")
 
     def build_module(self) -> CompressionNet:
         s, cfg = self.settings, self.config

@@ -36,9 +36,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...rows import BatchRows, rows_field
+from ...setting_rules import setting
 from ..memory_attention import OutputProjection
 from . import continuous
 from .base import FORMAT, BlockWrites, KindSettings, MemoryKind, MemoryRead, check_format
+from .saved_state import BOOL, FLOAT32, SavedState
 
 MASKS = ("cnn", "none")
 
@@ -60,32 +62,16 @@ class InfinitySettings(KindSettings):
 
     kind: ClassVar[str] = "infinity"
 
-    num_basis: int | None = None
-    num_samples: int | None = None
-    tau: float = 0.5
+    # checked by their rules (KindSettings)
+    num_basis: int | None = setting(None, least=2, none="the segment length")
+    num_samples: int | None = setting(None, least=2, none="`num_basis`")
+    tau: float = setting(0.5, above=0, below=1)
     sticky: bool = True
-    mask: str = "cnn"
-    mask_dropout: float = 0.1
-    kl_weight: float = 1e-6
+    mask: str = setting("cnn", choices=MASKS)
+    mask_dropout: float = setting(0.1, least=0, below=1)
+    kl_weight: float = setting(1e-6, least=0)
     mu_0: float = -1.0
-    sigma_0: float = 0.05
-
-    def __post_init__(self) -> None:
-        for name in ("num_basis", "num_samples"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 2):
-                raise ValueError(f"infinity `{name}` ({value!r}) must be an integer >= 2, or None")
-        if not 0 < self.tau < 1:
-            raise ValueError(f"infinity `tau` ({self.tau!r}) must be in (0, 1)")
-        if self.mask not in MASKS:
-            raise ValueError(f"infinity `mask` must be one of {MASKS}, got {self.mask!r}")
-        if not 0 <= self.mask_dropout < 1:
-            raise ValueError(f"infinity `mask_dropout` ({self.mask_dropout!r}) must be in [0, 1)")
-        if not self.kl_weight >= 0 or not self.sigma_0 > 0:
-            raise ValueError(f"infinity `kl_weight` ({self.kl_weight!r}) must be >= 0 and `sigma_0` "
-                             f"({self.sigma_0!r}) > 0")
-        if not isinstance(self.sticky, bool):
-            raise ValueError(f"infinity `sticky` must be true or false, got {self.sticky!r}")
+    sigma_0: float = setting(0.05, above=0)
 
     def sizes(self, segment_length: int | None) -> tuple[int, int]:
         """(N, S), N rounded up to even (two widths per centre)."""
@@ -296,6 +282,25 @@ class InfinityKind(MemoryKind):
         cfg, n = self.config, self._sizes()[0]
         return {"hidden": cfg.n_layer * segment_length * cfg.n_embd * 4, "coefficients": cfg.n_layer * n * cfg.n_embd * 4,
                 "mass": cfg.n_layer * continuous.STICKY_BINS * 4}
+
+    @classmethod
+    def check_state(cls, state_dict: dict[str, Any], config: Any = None) -> None:
+        sizes = {"K": continuous.STICKY_BINS}
+        if config is not None:
+            settings = cls.settings_class.from_dict(dict(config.memory_settings or {}))
+            sizes.update(Y=config.n_layer, D=config.n_embd, N=settings.sizes(config.segment_length)[0])
+        s = SavedState(state_dict, "infinity", sizes)
+        s.tensor("hidden", FLOAT32, "B Y P D")
+        s.tensor("hidden_mask", BOOL, "B P")
+        s.tensor("coefficients", FLOAT32, "B Y N D")
+        s.tensor("has_coefficients", BOOL, "B")
+        mass = s.tensor("mass", FLOAT32, "B Y K")
+        # a distribution over the bins per row and layer: the sticky memories draw samples from it
+        s.require((mass >= 0).all(), "mass", "holds negative masses")
+        s.require(((mass.double().sum(dim=-1) - 1).abs() <= 1e-3).all(), "mass",
+                  "does not sum to 1 over the bins of a row and layer")
+        if config is not None:
+            s.at_most("hidden_mask", "P", config.n_positions, "`n_positions`, the longest segment")
 
     def check(self, memory: InfinityMemory) -> None:
         cfg, n = self.config, self._sizes()[0]

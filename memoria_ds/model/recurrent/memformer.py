@@ -33,8 +33,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...rows import BatchRows, rows_field
+from ...setting_rules import setting
 from ..memory_attention import OutputProjection
 from .base import FORMAT, BlockWrites, KindSettings, MemoryKind, MemoryRead, check_format
+from .saved_state import BOOL, FLOAT32, SavedState, vector_lengths
 
 
 @dataclass(frozen=True)
@@ -47,14 +49,9 @@ class MemformerSettings(KindSettings):
     """
 
     kind: ClassVar[str] = "memformer"
-    num_slots: int = 1024
-    temperature: float = 0.5
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.num_slots, int) or isinstance(self.num_slots, bool) or self.num_slots < 1:
-            raise ValueError(f"memformer `num_slots` ({self.num_slots!r}) must be an integer >= 1")
-        if not (isinstance(self.temperature, (int, float)) and 0 < self.temperature < float("inf")):
-            raise ValueError(f"memformer `temperature` ({self.temperature!r}) must be a number > 0")
+    # checked by their rules (KindSettings)
+    num_slots: int = setting(1024, least=1)
+    temperature: float = setting(0.5, above=0)
 
 
 def heads(x: Tensor, num_heads: int) -> Tensor:
@@ -205,6 +202,20 @@ class MemformerKind(MemoryKind):
 
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> MemformerMemory:
         return MemformerMemory.empty(batch_size, self.settings.num_slots, self.config.n_embd, device)
+
+    @classmethod
+    def check_state(cls, state_dict: dict[str, Any], config: Any = None) -> None:
+        sizes = {}
+        if config is not None:
+            sizes = {"k": cls.settings_class.from_dict(dict(config.memory_settings or {})).num_slots,
+                     "D": config.n_embd}
+        s = SavedState(state_dict, "memformer", sizes)
+        slots = s.tensor("slots", FLOAT32, "B k D")
+        s.tensor("fresh", BOOL, "B")
+        # every write normalises each slot to length 1 (in the model's dtype: 1.05 leaves bf16 room); a fresh row
+        # holds zeros
+        s.require((vector_lengths(slots) <= 1.05).all(), "slots", "holds a slot longer than 1 (the write "
+                  "normalises every slot to unit length)")
 
     def check(self, memory: MemformerMemory) -> None:
         want = (self.settings.num_slots, self.config.n_embd)

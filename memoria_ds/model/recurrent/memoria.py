@@ -35,6 +35,7 @@ from ...memory.state import digest_multipliers
 from ...rows import BatchRows, rows_field
 from ..memory_attention import MemoryInputs
 from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead, check_format
+from .saved_state import BOOL, FLOAT32, SavedState
 
 
 @dataclass
@@ -223,6 +224,23 @@ class MemoriaKind(MemoryKind):
 
     def check(self, memory: MemoriaMemory) -> None:
         memory.state.check(self.settings)
+
+    @classmethod
+    def check_state(cls, state_dict: dict[str, Any], config: Any = None) -> None:
+        s = SavedState(state_dict, "memoria", {} if config is None else {"D": config.n_embd})
+        s.tensor("prev_hidden", FLOAT32, "B P D")
+        s.tensor("prev_mask", BOOL, "B P")
+        # the engine's state checks its own fields and values (and its capacity and counts against the settings)
+        try:
+            state = MemoryState.from_state_dict(state_dict.get("state"), config=None if config is None
+                                                else config.memoria_config)
+        except ValueError as e:
+            raise ValueError(f"saved memoria memory: `state`: {e}") from None
+        s.require(state.batch_size == s.sizes["B"] and state.dim == s.sizes["D"], "state",
+                  f"holds {state.batch_size} rows of width {state.dim}; `prev_hidden` {s.sizes['B']} of width "
+                  f"{s.sizes['D']}")
+        if config is not None:
+            s.at_most("prev_mask", "P", config.n_positions, "`n_positions`, the longest segment")
 
     def read(self, memory: MemoriaMemory, dtype: torch.dtype, abstractor: nn.Module) -> tuple[MemoriaRead, MemoriaPending]:
         active = memory.has_previous  # (B,)

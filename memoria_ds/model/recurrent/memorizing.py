@@ -26,8 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...rows import BatchRows, rows_field
+from ...setting_rules import SettingError, setting
 from ..knn_attention import KNNAttention, KNNSlots
 from .base import FORMAT, BlockWrites, KindSettings, MemoryKind, MemoryRead, check_format
+from .saved_state import BOOL, FLOAT32, SavedState, backbone_sizes, vector_lengths
 
 
 @dataclass(frozen=True)
@@ -44,30 +46,22 @@ class MemorizingSettings(KindSettings):
 
     kind: ClassVar[str] = "memorizing"
 
-    layer: int | None = None
-    size: int = 8192
-    topk: int = 32
-
-    def __post_init__(self) -> None:
-        if self.layer is not None and (not isinstance(self.layer, int) or self.layer < 0):
-            raise ValueError(f"memorizing `layer` ({self.layer!r}) must be a block index >= 0, or None for the "
-                             f"block at three quarters of the depth")
-        for name in ("size", "topk"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"memorizing `{name}` ({value!r}) must be an integer >= 1")
+    # checked by their rules (KindSettings)
+    layer: int | None = setting(None, least=0, what="a block index", none="the block at three quarters of the depth")
+    size: int = setting(8192, least=1)
+    topk: int = setting(32, least=1)
 
     def check_model(self, config: Any) -> None:
-        """Raise ValueError if the settings do not fit the model (the config's validation calls it)."""
+        """Raise SettingError if the settings do not fit the model (the config's validation calls it)."""
         self.resolved_layer(config.n_layer)
 
     def resolved_layer(self, n_layer: int) -> int:
-        """The memory block of a model of `n_layer` blocks (ValueError if there is no such block)."""
+        """The memory block of a model of `n_layer` blocks (SettingError if there is no such block)."""
         if self.layer is None:
             return max(0, round(0.75 * n_layer) - 1)
         if self.layer >= n_layer:
-            raise ValueError(f"memorizing `layer` ({self.layer}) must be a block index in [0, {n_layer}), "
-                             f"or None for the block at three quarters of the depth")
+            raise SettingError("layer", f"({self.layer}) must be a block index in [0, {n_layer}) (the model has "
+                               f"{n_layer} blocks), or None for the block at three quarters of the depth")
         return self.layer
 
 
@@ -195,6 +189,19 @@ class MemorizingKind(MemoryKind):
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> MemorizingMemory:
         cfg = self.config
         return MemorizingMemory.empty(batch_size, cfg.n_head, cfg.n_embd // cfg.n_head, device)
+
+    @classmethod
+    def check_state(cls, state_dict: dict[str, Any], config: Any = None) -> None:
+        s = SavedState(state_dict, "memorizing", backbone_sizes(config))
+        keys = s.tensor("keys", FLOAT32, "B H M hd")
+        s.tensor("values", FLOAT32, "B H M hd")
+        s.tensor("mask", BOOL, "B M")
+        # stored L2-normalised (a forgotten slot holds zeros): a longer key is crafted
+        s.require((vector_lengths(keys) <= 1.001).all(), "keys", "holds a key longer than 1 (keys are stored "
+                  "L2-normalised)")
+        if config is not None:
+            size = cls.settings_class.from_dict(dict(config.memory_settings or {})).size
+            s.at_most("mask", "M", size, "memorizing `size`")
 
     def check(self, memory: MemorizingMemory) -> None:
         cfg = self.config

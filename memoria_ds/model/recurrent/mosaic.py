@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ...rows import BatchRows, rows_field
 from .base import FORMAT, MemoryKind, MemoryRead, check_format
+from .saved_state import BOOL, FLOATS, SavedState, backbone_sizes
 
 
 @dataclass
@@ -148,6 +149,20 @@ class MosaicKind(MemoryKind):
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> MosaicMemory:
         cfg = self.config
         return MosaicMemory.empty(batch_size, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, device, dtype)
+
+    @classmethod
+    def check_state(cls, state_dict: dict[str, Any], config: Any = None) -> None:
+        s = SavedState(state_dict, "mosaic", backbone_sizes(config))
+        keys = s.tensor("keys", FLOATS, "B Y H M hd")
+        for name, dims in (("values", "B Y H M hd"), ("last_key", "B Y H hd"), ("last_raw", "B Y H hd"),
+                           ("kbar", "B Y 2 H hd")):
+            s.tensor(name, (keys.dtype,), dims)
+        s.tensor("mask", BOOL, "B M")
+        s.tensor("has_last", BOOL, "B")
+        if config is not None:  # a write keeps the last `mosaic_memory_length` pairs, else one segment's
+            length = config.mosaic_memory_length
+            s.at_most("mask", "M", length or config.n_positions,
+                      "`mosaic_memory_length`" if length else "`n_positions`, the longest segment")
 
     def check(self, memory: MosaicMemory) -> None:
         cfg = self.config

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from .base import FORMAT, EmptyRead, MemoryKind, check_format
+from .saved_state import SavedState
 
 
 @dataclass
@@ -68,6 +69,12 @@ class NoneKind(MemoryKind):
 
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> NoMemory:
         return NoMemory(batch_size)
+
+    @classmethod
+    def check_state(cls, state_dict: dict[str, Any], config: Any = None) -> None:
+        s = SavedState(state_dict, "none")
+        rows = state_dict.get("batch_size")
+        s.require(type(rows) is int and rows >= 0, "batch_size", f"is {rows!r}, expected a number of rows >= 0")
 
     def read(self, memory: NoMemory, dtype: torch.dtype, abstractor: Any) -> tuple[EmptyRead, None]:
         return EmptyRead(), None

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from ...rows import BatchRows, rows_field
 from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead, check_format
+from .saved_state import BOOL, FLOATS, INT64, SavedState, backbone_sizes
 
 
 @dataclass
@@ -186,6 +187,18 @@ class XLKind(MemoryKind):
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> XLMemory:
         cfg = self.config
         return XLMemory.empty(batch_size, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, 0, device, dtype)
+
+    @classmethod
+    def check_state(cls, state_dict: dict[str, Any], config: Any = None) -> None:
+        s = SavedState(state_dict, "xl", backbone_sizes(config))
+        keys = s.tensor("keys", FLOATS, "B Y H M hd")
+        s.tensor("values", (keys.dtype,), "B Y H M hd")
+        s.tensor("mask", BOOL, "B M")
+        if state_dict.get("segments") is not None:  # None: saved before it existed (reads as zeros)
+            s.require((s.tensor("segments", INT64, "B") >= 0).all(), "segments", "holds a negative count")
+        if config is not None:  # a write keeps the last `xl_memory_length` slots, else one segment's
+            s.at_most("mask", "M", config.xl_memory_length or config.n_positions,
+                      "`xl_memory_length`" if config.xl_memory_length else "`n_positions`, the longest segment")
 
     def read(self, memory: XLMemory, dtype: torch.dtype, abstractor: Any) -> tuple[XLRead, None]:
         cfg = self.config

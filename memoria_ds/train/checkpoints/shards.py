@@ -6,6 +6,10 @@ Transformer-XL caches), the data streams' position, and its RNG states. Resuming
 same world size gives every rank its own shard back; on another world size every rank
 reads all shards (memory-mapped, so only the rows it needs are copied) and assembles the
 rows of its new streams by stream id.
+
+A shard is untrusted input (`check_shard`): every memory in it is checked by its kind
+(`MemoryKind.check_state`), against the model of the checkpoint's own run configuration
+when the manifest is at hand (`saved_model_config`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ import numpy as np
 import torch
 
 from ...model import memory_from_state_dict
+from ..build import run_model_config
+from ..config import RunConfig
+from ..parse import validate
 
 
 def rng_state() -> dict[str, Any]:
@@ -55,11 +62,16 @@ def make_shard(stream_ids: list[int], memories: list[Any], streams_state: dict[s
     }
 
 
-def check_shard(shard: Any, rank: int) -> None:
+def check_shard(shard: Any, rank: int, model_config: Any = None) -> None:
     """Raise ValueError unless `shard` is what `make_shard` wrote for `rank` (and `save_checkpoint`
-    stamped): every field of its type, one memory per micro-batch slot that loads (finite, of a
-    known kind, `micro_batch_size` rows), RNG states that can be set. Damaged or crafted content
-    never reaches the run."""
+    stamped): every field of its type, one memory per micro-batch slot that loads (of a known kind,
+    every field of its dtype and a consistent shape, values in range, `micro_batch_size` rows),
+    RNG states that can be set. Damaged or crafted content never reaches the run.
+
+    Args:
+        model_config: the checkpoint's model (`saved_model_config`): each memory must also be of
+            its kind and fit its shapes and capacities (`MemoryKind.check_state`).
+    """
     def need(ok: bool, what: str) -> None:
         if not ok:
             raise ValueError(f"shard of rank {rank}: {what}")
@@ -79,11 +91,30 @@ def check_shard(shard: Any, rank: int) -> None:
     for slot, sd in enumerate(memories):
         if sd is not None:
             try:
-                rows = memory_from_state_dict(sd).batch_size
+                rows = memory_from_state_dict(sd, model_config=model_config).batch_size
             except ValueError as e:
                 raise ValueError(f"shard of rank {rank}, memory of slot {slot}: {e}") from None
             need(rows == micro, f"the memory of slot {slot} has {rows} rows, not {micro}")
     _check_rng(shard.get("rng"), rank)
+
+
+def saved_model_config(manifest: dict[str, Any]) -> Any:
+    """The config of the model a checkpoint's run built, from its manifest's run configuration
+    (`meta.config`; the fingerprint check makes it the resuming run's model): what its shards'
+    memories are checked against. No weights are read.
+
+    Raises:
+        ValueError: a manifest without a usable run configuration, or one whose model cannot be built.
+    """
+    meta = manifest.get("meta")
+    config = meta.get("config") if isinstance(meta, dict) else None
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        raise ValueError("its manifest holds no run configuration to check its memories against")
+    try:  # the sections the fingerprint covers, the model's and the data's (the others may have changed since)
+        return run_model_config(validate(RunConfig, {k: config[k] for k in ("model", "data") if k in config}))
+    except (ValueError, OSError) as e:  # a ConfigError, or a backbone whose config cannot be read
+        raise ValueError(f"the model of its run configuration cannot be built to check its memories against "
+                         f"({type(e).__name__}: {e})") from None
 
 
 def _check_rng(state: Any, rank: int) -> None:
@@ -107,7 +138,8 @@ def _row_index(shards: list[dict[str, Any]]) -> dict[int, tuple[int, int, int]]:
 
 
 def restore_memories(
-    shards: list[dict[str, Any]], stream_ids: list[int], micro_batch_size: int, device: torch.device, memoria_config
+    shards: list[dict[str, Any]], stream_ids: list[int], micro_batch_size: int, device: torch.device, memoria_config,
+    model_config: Any = None,
 ) -> list[Any]:
     """Memory objects for this rank's micro-batch slots, assembled from the saved shards by stream id.
 
@@ -116,6 +148,7 @@ def restore_memories(
         stream_ids: this rank's global stream ids, in row order.
         micro_batch_size: rows per slot now.
         memoria_config: the model's MemoriaConfig (checks engram states), or None.
+        model_config: the running model's config: every memory must be of its kind and fit it.
 
     Returns:
         One memory per slot; None for a slot whose streams had no memory yet.
@@ -135,7 +168,8 @@ def restore_memories(
     def source(s: int, slot: int):
         if (s, slot) not in cache:
             sd = shards[s]["memory"][slot]
-            cache[(s, slot)] = None if sd is None else memory_from_state_dict(sd, config=memoria_config, device="cpu")
+            cache[(s, slot)] = None if sd is None else memory_from_state_dict(sd, config=memoria_config, device="cpu",
+                                                                              model_config=model_config)
         return cache[(s, slot)]
 
     out = []

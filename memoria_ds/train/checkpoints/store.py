@@ -38,7 +38,7 @@ from ...safe_io import CONVERT, PickleRefused, check_pickles, check_tree, file_s
 from ..engine import DEEPSPEED_PICKLE_GLOBALS
 from .. import distributed as dist_utils
 from .. import faults
-from .shards import check_shard
+from .shards import check_shard, saved_model_config
 
 MANIFEST = "manifest.json"
 ENGINE_TAG = "engine"
@@ -341,10 +341,18 @@ def _check_no_code(path: Path, manifest: dict[str, Any]) -> None:
 
 
 def _check_trees(path: Path, manifest: dict[str, Any]) -> None:
-    """Every safetensors file of ours reads as a tree, and every rank's shard as a shard: a
-    file damaged or crafted behind a matching checksum makes the checkpoint unusable here
-    (so `--resume auto` falls back past it), not the run crash later."""
+    """Every safetensors file of ours reads as a tree, and every rank's shard as a shard whose
+    memories fit the model of the checkpoint's own run configuration (`saved_model_config`; the
+    fingerprint check makes it the resuming run's model): a file damaged or crafted behind a
+    matching checksum makes the checkpoint unusable here (so `--resume auto` falls back past it),
+    not the run crash later. A manifest without a model section gets the value checks only; the
+    resume then checks the memories against the running model (`restore_memories`)."""
     files = manifest.get("files", {})
+    saved = manifest.get("meta", {}).get("config", {})
+    try:
+        model_config = saved_model_config(manifest) if isinstance(saved.get("model"), dict) else None
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {str(path)!r}: {e}") from None
     for rel in files:
         if rel.endswith(".safetensors"):
             try:
@@ -355,7 +363,7 @@ def _check_trees(path: Path, manifest: dict[str, Any]) -> None:
         if shard_name(rank) not in files:
             raise CheckpointError(f"checkpoint {str(path)!r} has no shard for rank {rank} of {manifest['world_size']}")
         try:
-            check_shard(load_tree(path / shard_name(rank)), rank)
+            check_shard(load_tree(path / shard_name(rank)), rank, model_config)
         except ValueError as e:
             raise CheckpointError(f"checkpoint {str(path)!r}: {e}") from None
 
