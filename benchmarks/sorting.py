@@ -215,12 +215,18 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
     p.add_argument("--jobs", type=int, default=2, help="runs at once, one process each (2 on a 2-core machine)")
     p.add_argument("--json", default=None)
+    p.add_argument("--print-args", action="store_true",
+                   help="print the resolved options as JSON and exit, after their checks (what `memoria_ds.compare` "
+                        "records as the recipe)")
     p.add_argument("--table", nargs="+", default=None, metavar="JSON", help="only print the table of earlier --json files")
     a = p.parse_args()
     if a.table:
         print_table([r for data in arguments.result_files(p, "--table", a.table) for r in data["results"]])
         return
     check_arguments(p, a)
+    if a.print_args:
+        print(json.dumps(vars(a)))
+        return
     runs = []
     for k in a.segment_list:
         length = input_length_for(k, a.segment)
