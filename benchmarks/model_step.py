@@ -74,7 +74,7 @@ from transformers import GPT2Config
 
 from memoria_ds.memory import memorize, remind
 from memoria_ds.memory.compiled import error_gist
-from memoria_ds.model import build_model
+from memoria_ds.model import PRESETS, build_model
 
 from recipe import parse_variant  # noqa: E402  (benchmarks/recipe.py: `preset+key=value` variant names)
 
@@ -135,8 +135,7 @@ def variant_settings(name: str, n_layer: int) -> tuple[str, dict]:
         except ValueError as e:
             raise SystemExit(str(e)) from None
         return preset, settings
-    presets = ("transformer", "xl", "memoria", "memoria_fast", "memoria_full_width", "compressive", "infinity",
-               "memorizing", "memory_mosaic", "memory_mosaic_carry", "memformer")
+    presets = tuple(PRESETS)
     if name not in presets:
         raise SystemExit(f"unknown variant {name!r}; known: {sorted(presets)}, memoria_layers=K, memoria_width=R, "
                          f"memorizing_size=M or preset+key=value")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from .recipes import TASKS, MixedRecipes, recipe_from_args, recipe_id, split_variant
 from .store import DOCS_RESULTS, ROOT, Comparison, load
-from .table import CPU_SETTING, build, footnotes, heading, markdown
+from .table import CPU_SETTING, build, footnotes, heading, markdown, measured
 
 ALL_KINDS = ("transformer", "xl", "compressive", "infinity", "memorizing", "memformer", "memoria", "memory_mosaic",
              "memory_mosaic_carry")
@@ -152,9 +152,7 @@ def render(comparisons: list[Comparison], prices: list[dict], cpu_setting: str, 
     out = []
     for c in comparisons:
         t = build(c, prices, cpu_setting)
-        dates = sorted({d for r in t.rows for d in r.dates})
-        when = f" Measured {dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else "") + "." if dates else ""
-        out += [f"{level} {c.title or c.name}", "", heading(t) + when, "", markdown(t)]
+        out += [f"{level} {c.title or c.name}", "", f"{heading(t)} {measured(t)}".strip(), "", markdown(t)]
         notes = footnotes(t)
         if notes:
             out += ["", notes]

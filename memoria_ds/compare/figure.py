@@ -34,7 +34,7 @@ def draw(tables: list[Table], path: Path, titles: dict[str, str] | None = None) 
             bar = h[1] if len(r.seeds) > 1 else None
             ax.errorbar(x, h[0], yerr=bar, fmt="o" if len(r.seeds) > 1 else "s", capsize=3, color=colour,
                         mfc="none" if len(r.seeds) == 1 else None)
-            ax.annotate(r.label or r.variant, (x, h[0]), textcoords="offset points", xytext=(5, 4), fontsize=7)
+            ax.annotate((r.label or r.variant).replace("`", ""), (x, h[0]), textcoords="offset points", xytext=(5, 4), fontsize=7)
         ax.axhline(0, color="grey", lw=0.6)
         ax.set_xlabel("compute ops per step / the plain model's (CPU count)")
         ax.set_ylabel("accuracy above the plain model (points)" if t.metric == "accuracy"

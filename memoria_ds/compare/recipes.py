@@ -12,7 +12,6 @@ its settings, its optimiser knobs) and the seed are what a table compares.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import re
@@ -73,6 +72,9 @@ def recipe_from_args(task: Task, args: dict[str, Any], root: Path) -> dict[str, 
     for key in task.keys:
         recipe[key] = args[key]
     if task.name == "sorting":
+        if args.get("bptt_example"):
+            raise ValueError("--bptt-example: give it to the variants it is for, as `+run.bptt_example=true` "
+                             "(e.g. memformer+run.bptt_example=true), so that each result names it")
         if len(args["segment_list"]) != 1:
             raise ValueError(f"--segments {args['segments']}: one segment count per comparison (each is its own "
                              f"recipe); run one comparison per K")
@@ -112,8 +114,9 @@ def describe(recipe: dict[str, Any]) -> str:
     if r.get("task") == "sorting":
         return (f"`{r['script']}`: {r['segments']} segments of {r['segment']}; {r['train_examples']:,} examples x "
                 f"{r['epochs']} epochs in batches of {r['batch']}; {r['layers']} x {r['width']}, {r['heads']} heads, "
-                f"from scratch, dropout {r['dropout']:g}; AdamW lr {r['lr']:g}; Memoria's memory attention at "
-                f"{r['memory_width']:g} of the width; accuracy on {r['test_examples']} test examples")
+                f"from scratch, dropout {r['dropout']:g}; AdamW lr {r['lr']:g}; Memoria's memory attention "
+                + ("at the full width" if r["memory_width"] == 1 else f"at {r['memory_width']:g} of the width")
+                + f"; accuracy on {r['test_examples']} test examples")
     return r.get("description", json.dumps(r, sort_keys=True))
 
 
@@ -180,10 +183,3 @@ def slug(spec: str) -> str:
         return spec
     return f"{safe[:60]}-{hashlib.sha256(spec.encode()).hexdigest()[:8]}"
 
-
-def literal(value: str) -> Any:
-    """A `key=value` pair's value as Python reads it, else the string."""
-    try:
-        return ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return value

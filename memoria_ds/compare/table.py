@@ -56,6 +56,7 @@ class Row:
     quality: dict[str, tuple[float, float]]  # text (or "accuracy") -> (mean, half-range)
     vs_plain: dict[str, Spread] = field(default_factory=dict)  # text -> paired change
     gain: tuple[float, float] | None = None  # (mean, half-range)
+    gain_seeds: int = 0  # how many seeds the gain is over (a run may predate the reading without memory)
     price: dict[str, float] = field(default_factory=dict)  # cpu_step, compute_ops, ops, gpu_step, run_cpu_min
     dates: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
@@ -148,10 +149,10 @@ def _from_seeds(variant: str, records: list[dict], plain: dict[int, dict], texts
                 row.vs_plain[t] = Spread.of(changes)
     elif variant == PLAIN:
         row.vs_plain = {t: Spread(0.0, 0.0, 0.0, len(records)) for t in texts}
-    gains = [_gain(r, metric) for r in records]
-    if all(g is not None for g in gains):
+    gains = [g for g in (_gain(r, metric) for r in records) if g is not None]
+    if gains:
         s = Spread.of(gains)
-        row.gain = (s.mean, s.half)
+        row.gain, row.gain_seeds = (s.mean, s.half), len(gains)
     return row
 
 
@@ -173,7 +174,7 @@ def _from_summary(variant: str, r: dict, texts: list[str]) -> Row:
     if variant == PLAIN:
         row.vs_plain = {t: Spread(0.0, 0.0, 0.0, n) for t in texts}
     if "memory_gain" in s:
-        row.gain = tuple(s["memory_gain"])
+        row.gain, row.gain_seeds = tuple(s["memory_gain"]), n
     return row
 
 
@@ -205,7 +206,7 @@ def markdown(t: Table, style: str = "full") -> str:
     elif t.metric == "accuracy":
         head = ["variant", "seeds", "accuracy %", "vs plain, same seed (points, min..max)", "memory gain (points)"]
     else:
-        head = ["variant", "seeds", *(f"{x}: ppl (vs plain %, min..max)" for x in t.texts),
+        head = ["variant", "seeds", *(f"{x}: ppl, vs plain % (min..max)" for x in t.texts),
                 "memory gain (nats/token)"]
     head += ["CPU step ×", "compute ops ×"] + (["GPU step ×"] if has_gpu else []) + (["run CPU min"] if has_run_cpu else [])
     lines.append("| " + " | ".join(head) + " |")
@@ -230,7 +231,7 @@ def markdown(t: Table, style: str = "full") -> str:
             for x in t.texts:
                 q = r.quality.get(x)
                 change = _change(r, x, ".1f")
-                cells.append(f"{q[0]:.1f}" + (f" ({change})" if change and r.variant != PLAIN else "") if q else "")
+                cells.append(f"{q[0]:.1f}" + (f", {change}" if change and r.variant != PLAIN else "") if q else "")
         cells.append(_gain_cell(r, t.metric))
         cells += [_ratio(r.price.get("cpu_step")), _ratio(r.price.get("compute_ops"))]
         if has_gpu:
@@ -261,16 +262,30 @@ def _change(r: Row, text: str, fmt: str) -> str:
 
 
 def _gain_cell(r: Row, metric: str) -> str:
-    if r.variant == PLAIN:
+    if r.variant == PLAIN or r.gain == (0.0, 0.0):
         return "0"
     if r.gain is None:
         return ""
     fmt = ".1f" if metric == "accuracy" else ".3f"
-    return f"{r.gain[0]:+{fmt}} ± {r.gain[1]:{fmt}}" if len(r.seeds) > 1 else f"{r.gain[0]:+{fmt}}"
+    text = f"{r.gain[0]:+{fmt}} ± {r.gain[1]:{fmt}}" if r.gain_seeds > 1 else f"{r.gain[0]:+{fmt}}"
+    return text + (f" ({r.gain_seeds} seed{'s' if r.gain_seeds > 1 else ''})" if r.gain_seeds < len(r.seeds) else "")
 
 
 def _ratio(x: float | None) -> str:
     return "" if x is None else f"{x:.2f}"
+
+
+def measured(t: Table) -> str:
+    """`Measured FIRST to LAST.` over the rows' dates (a date may be a span, `2026-11-26/27`)."""
+    days = []
+    for d in (d for r in t.rows for d in r.dates):
+        days.append(d[:10])
+        if "/" in d:
+            days.append(d[:8] + d.split("/")[-1])
+    if not days:
+        return ""
+    first, last = min(days), max(days)
+    return f"Measured {first}" + (f" to {last}" if last != first else "") + "."
 
 
 def heading(t: Table) -> str:
