@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]  # docs/studies/ too
 NEWCOMER_DOCS = ("README.md", "guide.md")  # the README's quickstart, then the guide's commands
 VENV = ROOT / ".venv"  # what `bash launch/quickstart.sh` makes
 QUICKSTART_BASE = ["--deepspeed", "ds_configs/cpu.json", "--config", "launch/configs/quickstart.yaml"]

@@ -1,16 +1,20 @@
-"""Every relative link in README.md and docs/*.md leads to a file that exists and, where it
-names an anchor (`file.md#section`), to a heading of that file (GitHub's anchor rules)."""
+"""Every relative link in README.md and docs/ (the study pages too) leads to a file that exists
+and, where it names an anchor (`file.md#section`), to a heading of that file (GitHub's anchor
+rules); every figure a page shows exists; every transcribed result (docs/results/*.json) names a
+page and section that exist."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 
 
 def _prose(text: str) -> str:
@@ -43,6 +47,21 @@ def links() -> list[tuple[str, str]]:
 
 
 LINKS = links()
+IMAGES = [(str(doc.relative_to(ROOT)), target) for doc in DOCS for target in IMAGE.findall(_prose(doc.read_text()))]
+
+
+def transcribed_sources() -> list[tuple[str, str]]:
+    """(results file, `docs/page.md#section`) for every record of docs/results/*.json that names its source."""
+    out = []
+    for path in sorted((ROOT / "docs" / "results").glob("*.json")):
+        data = json.loads(path.read_text())
+        for record in [*data.get("results", []), *data.get("prices", [])]:
+            for text in (record.get("source"), record.get("note")):
+                out += [(path.name, m) for m in re.findall(r"docs/[\w./-]+\.md(?:#[\w-]+)?", text or "")]
+    return sorted(set(out))
+
+
+SOURCES = transcribed_sources()
 
 
 def test_the_docs_have_links():
@@ -65,3 +84,21 @@ def test_relative_link_resolves(doc, target):
     if anchor:
         assert file.suffix == ".md", f"{doc}: link to {target}: an anchor into a file that is not markdown"
         assert anchor in anchors(file), f"{doc}: link to {target}: {file.name} has no heading with that anchor"
+
+
+def test_the_docs_show_figures_and_the_results_name_their_sources():
+    assert any(t.endswith("compare.png") for _, t in IMAGES), "README or results.md lost the comparison figure"
+    assert len(SOURCES) > 10
+
+
+@pytest.mark.parametrize("doc,target", IMAGES, ids=[f"{d}:{t}" for d, t in IMAGES])
+def test_every_figure_exists(doc, target):
+    assert ((ROOT / doc).parent / target).is_file(), f"{doc}: figure {target} does not exist"
+
+
+@pytest.mark.parametrize("results,source", SOURCES, ids=[f"{r}:{s}" for r, s in SOURCES])
+def test_every_transcribed_result_names_a_section_that_exists(results, source):
+    path, _, anchor = source.partition("#")
+    assert (ROOT / path).is_file(), f"docs/results/{results}: source {source}: no such page"
+    if anchor:
+        assert anchor in anchors(ROOT / path), f"docs/results/{results}: source {source}: no such section"

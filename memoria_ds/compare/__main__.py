@@ -230,7 +230,8 @@ def block_text(c: Comparison, prices: list[dict], cpu_setting: str, compact: boo
     """What a marked block of a page holds: the table of one recipe (and its footnotes)."""
     t = build(c, prices, cpu_setting)
     notes = footnotes(t)
-    return markdown(t, "compact" if compact else "full") + "\n" + (f"\n{notes}\n" if notes else "")
+    recipe = f"{heading(t)} {measured(t)}".strip()
+    return f"{recipe}\n\n{markdown(t, 'compact' if compact else 'full')}\n" + (f"\n{notes}\n" if notes else "")
 
 
 def update_blocks(page: Path, comparisons: dict[str, Comparison], prices: list[dict], cpu_setting: str) -> int:

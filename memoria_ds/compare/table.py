@@ -200,8 +200,9 @@ def markdown(t: Table, style: str = "full") -> str:
     has_run_cpu = any("run_cpu_min" in r.price for r in t.rows)
     has_gpu = any("gpu_step" in r.price for r in t.rows)
     if style == "compact":
-        head = ["variant", "seeds", "vs plain, same seed" + (" (accuracy, points)" if t.metric == "accuracy"
-                                                             else " (perplexity %, mean over texts)"),
+        head = ["variant", "seeds", "vs plain, same seed" + (" (accuracy points" if t.metric == "accuracy"
+                                                             else " (perplexity %, mean over the texts")
+                + " ± half the seed range)",
                 "memory gain" + (" (points)" if t.metric == "accuracy" else " (nats/token)")]
     elif t.metric == "accuracy":
         head = ["variant", "seeds", "accuracy %", "vs plain, same seed (points, min..max)", "memory gain (points)"]
@@ -256,9 +257,10 @@ def _change(r: Row, text: str, fmt: str) -> str:
         return ""
     if r.variant == PLAIN:
         return "0"
+    paired = f" ({s.n} seed{'s' if s.n > 1 else ''} paired)" if s.n < len(r.seeds) else ""
     if s.n == 1:
-        return f"{s.mean:+{fmt}}"
-    return f"{s.mean:+{fmt}} ({s.lo:+{fmt}}..{s.hi:+{fmt}})"
+        return f"{s.mean:+{fmt}}{paired}"
+    return f"{s.mean:+{fmt}} ({s.lo:+{fmt}}..{s.hi:+{fmt}}){paired}"
 
 
 def _gain_cell(r: Row, metric: str) -> str:
