@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import io
 import json
+import re
 import shlex
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -16,6 +17,7 @@ from memoria_ds.repro import footprint as fp
 from memoria_ds.repro.cost import estimate_cost, flops_per_token, schedule
 from memoria_ds.repro.experiments import ENTRY_BASE_OVERRIDES, EXPERIMENTS, PRETRAIN, TABLES, select
 from memoria_ds.repro.plan import main as plan_main
+from memoria_ds.repro.plan import plan_run
 from memoria_ds.repro.topology import Topology, split_batch
 from memoria_ds.memory import MemoriaConfig, MemoryState
 from memoria_ds.train.cli import parse as parse_training_args
@@ -354,3 +356,38 @@ def test_the_table_launchers_help_shows_their_modes():
     assert out.returncode == 0, out.stderr
     assert "--mode dry-run" in out.stdout and "--mode smoke" in out.stdout and "--topology" in out.stdout
     assert out.stdout.index("--mode run") < out.stdout.index("usage:")
+
+
+# ------------------------------------------------------------------------------ the docs' estimates
+
+def documented_estimates() -> tuple[dict[str, tuple[int, int]], tuple[int, int], tuple[int, int]]:
+    """docs/reproduction.md's estimates table: ({table: (runs, GPU-hours)}, (Table 7's runs shared
+    with Table 4, their GPU-hours), (GPU-hours in all, runs in all))."""
+    text = (ROOT / "docs" / "reproduction.md").read_text()
+    section = text.split("### Estimates (A100 80GB", 1)[1].split("\n## ", 1)[0]
+    rows = {f"table{t}": (int(n), int(h)) for t, n, h in re.findall(r"^\| (\d) \| (\d+) \| (\d+)", section, re.M)}
+    shared = re.search(r"\((\d+) runs, (\d+) GPU-hours, shared with Table 4\)", section)
+    total = re.search(r"About (\d+) GPU-hours for all (\d+) runs", section)
+    assert shared and total, "the estimates section lost its shared-runs note or its total line"
+    return rows, (int(shared[1]), int(shared[2])), (int(total[1]), int(total[2]))
+
+
+def test_the_estimates_table_counts_every_run_the_planner_prints():
+    """The docs' runs and GPU-hours per table are the planner's (paper scale, one GPU per run):
+    a table that gains runs (the baselines' rows) fails here until the docs say so."""
+    rows, shared, total = documented_estimates()
+    assert set(rows) == set(TABLES), "one row per table"
+    hours: dict[str, float] = {}
+    per_table = {}
+    for name in TABLES:
+        runs = select(name)
+        for e in runs:
+            if e.id not in hours:
+                r = plan_run(e, topology=Topology("single-gpu"), run_root=Path("runs/repro"), smoke=False, zero="auto",
+                             gpu_memory_gib=80.0, global_batch=None, micro_batch=None, passthrough=[], count=False)
+                hours[e.id] = r.cost.gpu_hours
+        per_table[name] = (len(runs), round(sum(hours[e.id] for e in runs)))
+    assert per_table == rows
+    both = set(TABLES["table4"].experiment_ids()) & set(TABLES["table7"].experiment_ids())
+    assert shared == (len(both), round(sum(hours[i] for i in both)))
+    assert total == (round(sum(hours.values())), len(hours))

@@ -10,10 +10,11 @@ Positions (`MemoriaGPT2Config.xl_positions`). Cached keys/values keep the positi
 were computed at; no absolute scheme can re-position them without recomputing them. With
 `"shared"` every segment uses 0..L-1, so a cached key and a current key of the same place
 carry the same position, so a head that seeks a position cannot tell the cached token from
-the current one (tested; the measured effect on books is in docs/results.md). With
-`"alternate"` (the `xl` preset) segments since a reset alternate between the banks 0..L-1
-and S..S+L-1 (S = n_positions // 2), so the cached previous segment always has other
-positions than the current one; the read adds the bank offset from `XLMemory.segments`.
+the current one (tested; the measured effect on books is in
+docs/studies/2026-11-24-real-text.md). With `"alternate"` (the `xl` preset) segments since a
+reset alternate between the banks 0..L-1 and S..S+L-1 (S = n_positions // 2), so the cached
+previous segment always has other positions than the current one; the read adds the bank
+offset from `XLMemory.segments`.
 Either way the first segment after a reset is exactly the backbone and any number of
 segments runs. Like Transformer-XL, the receptive field grows with depth: the keys cached
 at layer l depended on the memory of the segment before, so segment t can depend on up to
