@@ -47,9 +47,11 @@ TASKS = {
                        defaults=("--train", "bundled:train", "--heldout", "bundled:validation", "--layers", "2",
                                  "--width", "64", "--heads", "4", "--streams", "4", "--num-wm", "8", "--steps", "138",
                                  "--reset", "every:500", "--eval-segments", "8", "--eval-windows", "0")),
-    # `--bptt-example` changes neither the data, the updates nor the examples per update: it lets
-    # the answer's loss reach the memory's writes of the earlier segments, which changes nothing
-    # for a kind that detaches what it carries. So it is a variant's setting, not the recipe's.
+    # `--bptt-example` lets the answer's loss reach the memory's writes of the earlier segments,
+    # which changes nothing for a kind that detaches what it carries; where the answer lies in one
+    # segment (8 segments of 32 and more) it changes neither the data nor the updates. So it is a
+    # variant's setting; where it would change the number of updates (an answer over two
+    # segments), the table refuses the variant beside the plain model (`table.build`).
     "sorting": Task("sorting", "benchmarks/sorting.py", SORTING_KEYS, "accuracy",
                     run_options=(("bptt_example", "--bptt-example"),)),
 }

@@ -161,7 +161,8 @@ def record(task: Task, recipe: dict[str, Any], variant: str, seed: int, result: 
     if task.metric == "ppl":
         out.update(ppl=result["ppl"], memory_gain=result["memory_gain"])
     else:
-        out.update(accuracy=result["accuracy"], accuracy_memoryless=result["accuracy_memoryless"])
+        out.update(accuracy=result["accuracy"], accuracy_memoryless=result["accuracy_memoryless"],
+                   updates=result["updates"])
     out.update(cpu_s=round(cpu_s, 2), wall_s=round(wall_s, 2), date=datetime.date.today().isoformat(),
                source={"kind": "run", "command": shlex.join(cmd), "machine": machine(),
                        "git_commit": _git_commit()},

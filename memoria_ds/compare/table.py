@@ -23,7 +23,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .recipes import METRICS, describe, price_key
+from .recipes import METRICS, MixedRecipes, describe, price_key
 from .store import Comparison
 
 PLAIN = "transformer"
@@ -91,6 +91,7 @@ def build(c: Comparison, prices: list[dict[str, Any]], cpu_setting: str = CPU_SE
     for r in c.records:
         by_variant.setdefault(r["variant"], []).append(r)
     plain = {r["seed"]: r for r in by_variant.get(PLAIN, []) if "seed" in r}
+    _check_updates(c, plain)
     texts = _texts(c.records, metric)
     rows, notes = [], []
     for variant, records in by_variant.items():
@@ -108,6 +109,21 @@ def build(c: Comparison, prices: list[dict[str, Any]], cpu_setting: str = CPU_SE
         notes.append(f"no `{PLAIN}` run of this recipe: nothing to pair the variants with")
     rows.sort(key=lambda r: (r.variant != PLAIN, -(r.headline or (float("-inf"), 0))[0]))
     return Table(c, metric, texts, rows, notes)
+
+
+def _check_updates(c: Comparison, plain: dict[int, dict]) -> None:
+    """A variant trained with another number of updates than the plain model (a run option such
+    as `run.bptt_example` where the answer spans several segments) is another schedule.
+
+    Raises:
+        MixedRecipes: naming the variant, both counts and the file.
+    """
+    counts = {r["updates"] for r in plain.values() if "updates" in r}
+    for r in c.records:
+        if "updates" in r and counts and r["updates"] not in counts:
+            raise MixedRecipes(f"{r['_where']}: {r['variant']} made {r['updates']} updates, the plain model "
+                               f"{sorted(counts)[0]}: another update schedule, not comparable in one table; drop its "
+                               f"run options (e.g. run.bptt_example) or compare it where the answer is in one segment")
 
 
 def _texts(records: list[dict], metric: str) -> list[str]:
