@@ -67,3 +67,16 @@ def test_a_variant_names_model_settings_as_real_text_and_sorting_do():
     assert model.config.memory_read == "self_attention" and model.config.engram_bias == -4.0
     with pytest.raises(SystemExit, match="unknown preset 'nope'"):
         bench.variant_settings("nope+engram_bias=1.0", 2)
+
+
+def test_a_shape_is_a_name_or_layers_width_heads():
+    import argparse
+
+    import pytest
+
+    bench = load_benchmark("model_step.py", "model_step_bench_shapes")
+    assert bench.shape_of("small") == bench.SHAPES["small"]
+    assert bench.shape_of("2x32x2") == dict(n_layer=2, n_embd=32, n_head=2)
+    for bad in ("2x33x2", "2x32", "0x32x2", "big"):
+        with pytest.raises(argparse.ArgumentTypeError, match="LxWxH"):
+            bench.shape_of(bad)

@@ -284,3 +284,11 @@ def test_whose_memory_own_and_none_are_the_ordinary_scores_of_the_last_segment(b
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_the_quickstarts_book_is_a_text_of_its_chapters(bench):
+    """`bundled:SPLIT`: the quickstart's splits of the bundled book, one document per chapter."""
+    texts = bench.load_texts(["bundled:train", "bundled:validation"])
+    assert len(texts["bundled:train"]) == 10 and len(texts["bundled:validation"]) == 1
+    assert texts["bundled:train"][0].startswith("CHAPTER I\n") and texts["bundled:validation"][0].startswith("CHAPTER XI\n")
+    assert bench.known_text("bundled:test") and not bench.known_text("bundled:nope")
