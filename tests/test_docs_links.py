@@ -102,3 +102,12 @@ def test_every_transcribed_result_names_a_section_that_exists(results, source):
     assert (ROOT / path).is_file(), f"docs/results/{results}: source {source}: no such page"
     if anchor:
         assert anchor in anchors(ROOT / path), f"docs/results/{results}: source {source}: no such section"
+
+
+def test_the_results_page_reads_in_a_minute_and_the_studies_stay_short():
+    """results.md is the current picture (issue 50): at most 300 lines; each study at most 500."""
+    assert len((ROOT / "docs" / "results.md").read_text().splitlines()) <= 300
+    studies = sorted((ROOT / "docs" / "studies").glob("*.md"))
+    assert studies and all(len(p.read_text().splitlines()) <= 500 for p in studies)
+    linked = {t.split("#")[0] for d, t in LINKS if d == "docs/results.md"}
+    assert {f"studies/{p.name}" for p in studies} <= linked, "results.md links every study"
