@@ -126,7 +126,7 @@ def run(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     if a.price != "none":
         _, known = load([root / "price"]) if (root / "price").exists() else ({}, [])
         _, docs = load([DOCS_RESULTS / "price.json"]) if (DOCS_RESULTS / "price.json").exists() else ({}, [])
-        keys = runner.price_missing(root, a.price, variants, known + docs)
+        keys = runner.price_missing(a.price, variants, known + docs)
         if keys:
             print(f"price per step ({a.price}): {', '.join(keys)}", flush=True)
             outcome = runner.measure_prices(root, a.price, keys)

@@ -193,7 +193,7 @@ def _env(threads: int) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------ price
 
-def price_missing(root: Path, setting: str, variants: list[str], known: list[dict[str, Any]]) -> list[str]:
+def price_missing(setting: str, variants: list[str], known: list[dict[str, Any]]) -> list[str]:
     """The price keys of `variants` with no price record under `setting` (stored or transcribed)."""
     have = {p["variant"] for p in known if p["setting"] == setting}
     keys = list(dict.fromkeys(price_key(v) for v in variants))
