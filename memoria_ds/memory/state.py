@@ -119,7 +119,11 @@ class MemoryState(BatchRows):
     scratch: dict = rows_field(rows=False, default_factory=dict, repr=False, compare=False)
 
     def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-        """A reusable uninitialised scratch tensor (contents undefined on return)."""
+        """A reusable uninitialised scratch tensor (contents undefined on return); inside a compiled
+        step a graph temporary (the compiler plans its memory; a Python dict that gains keys between
+        steps would make the next step recompile)."""
+        if torch.compiler.is_compiling():
+            return torch.empty(shape, dtype=dtype, device=self.device)
         buf = self.scratch.get(name)
         if buf is None or buf.shape != shape or buf.dtype != dtype or buf.device != self.device:
             buf = self.scratch[name] = torch.empty(shape, dtype=dtype, device=self.device)

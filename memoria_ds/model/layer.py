@@ -14,7 +14,7 @@ Every parameter is still called through its own module, so ZeRO-3's per-module g
 hooks, peft's LoRA layers and HF's weight names are untouched. `MemoryBlock` is a
 `GradientCheckpointingLayer`: `model.gradient_checkpointing_enable()` checkpoints it, and
 since the memory step (remind before the blocks, memorize after) lies outside it, the
-recompute in backward never touches the memory. Contribution weights and the keys/values
+recompute in backward never touches the memory. What the engrams' reads attended with and the keys/values
 that Transformer-XL caches are *returned* (never stored as a side effect), so a
 recompute cannot double-count them.
 """
@@ -30,10 +30,10 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
 from .config import MemoriaGPT2Config
-from .memory_attention import MemoryAttention, MemoryInputs
+from .memory_attention import MemoryAttention, MemoryInputs, RemindedRead
 from .recurrent.base import MemoryRead
 from .extended_attention import ExtendedKeyValues
-from .hf_compat import ATTENTION_CACHE
+from .hf_compat import ATTENTION_CACHE, self_attention_with_queries
 
 
 @dataclass
@@ -131,8 +131,9 @@ class MemoryBlock(GradientCheckpointingLayer):
             inputs: the per-forward inputs.
 
         Returns:
-            hidden (B, L, D); the (B, R) contribution weights of this block's memory
-            attention or None; this segment's keys and values (B, H, L, hd) if
+            hidden (B, L, D); what this block's read of the reminded engrams attended with
+            (`RemindedRead`: their contribution is computed for all blocks at once) or None;
+            this segment's keys and values (B, H, L, hd) if
             `inputs.collect_kv`, else None.
         """
         attention_mask = inputs.attention_mask
@@ -145,43 +146,34 @@ class MemoryBlock(GradientCheckpointingLayer):
         if inputs.collect_kv or memory_keys is not None or inputs.cache is not None:
             kv = ExtendedKeyValues(memory_keys, memory_values, inputs.cache)
         residual = hidden
-        queries: list[Tensor] = []
-        handle = None
         engram_weights = inputs.engram_slots and engrams is not None and inputs.memory is not None
-        if inputs.collect_queries or inputs.side is not None or engram_weights:  # GPT2Attention keeps its queries: read c_attn's (q | k | v)
-            width = block.attn.split_size
-            handle = block.attn.c_attn.register_forward_hook(lambda m, i, out: queries.append(out[..., :width]))
-        try:
-            normed, attn_output = block.ln_1(hidden), None
-            if inputs.own_attention is not None:  # a kind's attention in place of this block's (`memorizing`)
-                kv = kv if kv is not None else ExtendedKeyValues(None, None, None)
-                attn_output = inputs.own_attention.block_attention(self.layer_idx, block.attn, normed,
-                                                                   inputs.attention_mask, kv)
-            if attn_output is None:
-                attn_output, _ = block.attn(normed, attention_mask=attention_mask, **{ATTENTION_CACHE: kv})
-        finally:
-            if handle is not None:
-                handle.remove()
-        heads = None
-        if queries:  # (B, L, D) -> (B, H, L, hd), as GPT2Attention shapes them
-            q = queries[-1]
-            heads = q.view(*q.shape[:-1], -1, block.attn.head_dim).transpose(1, 2)
+        # GPT2Attention keeps its queries: where they are needed, its steps run here (no hook: a graph break)
+        wants_queries = inputs.collect_queries or inputs.side is not None or engram_weights
+        normed, attn_output, heads = block.ln_1(hidden), None, None  # heads: (B, H, L, hd) queries
+        if inputs.own_attention is not None:  # a kind's attention in place of this block's (`memorizing`)
+            kv = kv if kv is not None else ExtendedKeyValues(None, None, None)
+            attn_output = inputs.own_attention.block_attention(self.layer_idx, block.attn, normed,
+                                                               inputs.attention_mask, kv)
+        if attn_output is None and wants_queries:
+            attn_output, heads = self_attention_with_queries(block.attn, normed, attention_mask, kv)
+        elif attn_output is None:
+            attn_output, _ = block.attn(normed, attention_mask=attention_mask, **{ATTENTION_CACHE: kv})
         side: tuple[Tensor, ...] = ()
         if inputs.side is not None:
             extra, side = inputs.side.side_attention(self.layer_idx, residual, heads)
             attn_output = attn_output + extra
         hidden = attn_output + residual
-        weights = None
+        reminded = None
         if engram_weights and heads is not None:
-            weights = reminded_contribution(block, heads, memory_keys, inputs.memory)
+            reminded = reminded_read(block, heads, memory_keys, inputs.memory)
         if self.memory_attention is not None:
-            hidden, weights = self.memory_attention(hidden, engrams, inputs.memory)
+            hidden, reminded = self.memory_attention(hidden, engrams, inputs.memory)
         residual = hidden
         hidden = residual + block.mlp(block.ln_2(hidden))
         query = heads.detach() if heads is not None and inputs.collect_queries else None
         if inputs.collect_kv and kv is not None and kv.current is not None:
-            return hidden, weights, kv.current[0].detach(), kv.current[1].detach(), query, *side
-        return hidden, weights, None, None, query, *side
+            return hidden, reminded, kv.current[0].detach(), kv.current[1].detach(), query, *side
+        return hidden, reminded, None, None, query, *side
 
 
 def engram_key_values(block: GPT2Block, engrams: Tensor) -> tuple[Tensor, Tensor]:
@@ -214,23 +206,19 @@ def biased_slot_mask(mask: Tensor, bias: Tensor, slots: int, dtype: torch.dtype)
     return (mask + add).clamp(min=torch.finfo(dtype).min)
 
 
-def reminded_contribution(block: GPT2Block, queries: Tensor, keys: Tensor, mem: MemoryInputs) -> Tensor | None:
-    """(B, R) fp32 mean attention probability each reminded engram gets from the segment's queries
-    (B, H, L, hd), over the reminded engrams alone, as the paper's memory attention gives it; no
-    gradient. None when no engram is reminded."""
+def reminded_read(block: GPT2Block, queries: Tensor, keys: Tensor, mem: MemoryInputs) -> RemindedRead | None:
+    """What the segment's queries (B, H, L, hd) read of the reminded engrams among `keys` (B, H, N + R,
+    hd), for their contribution over the reminded engrams alone, as the paper's memory attention gives
+    it (`memory_attention.contribution`, fp32, no gradient). None when no engram is reminded."""
     R = mem.reminded_mask.shape[1]
     if not R:
         return None
     attn = block.attn
-    N = keys.shape[2] - R
     scale = attn.head_dim**-0.5 if attn.scale_attn_weights else 1.0
     if attn.scale_attn_by_inverse_layer_idx:
         scale /= attn.layer_idx + 1
-    masks = mem.masks_for(N, torch.float32)
-    with torch.no_grad():
-        scores = torch.matmul(queries.float(), keys[:, :, N:].float().transpose(-1, -2)) * scale
-        probs = (scores + masks.rem_keys[..., N:]).softmax(dim=-1)  # (B, H, L, R)
-    return MemoryAttention.contribution(probs, mem.query_mask)
+    N = keys.shape[2] - R
+    return RemindedRead(queries=queries.detach().float(), keys=keys[:, :, N:].detach().float(), scale=scale)
 
 
-__all__ = ["MemoryBlock", "BlockInputs", "SlotBias", "biased_slot_mask", "engram_key_values", "reminded_contribution"]
+__all__ = ["MemoryBlock", "BlockInputs", "SlotBias", "biased_slot_mask", "engram_key_values", "reminded_read"]

@@ -15,7 +15,9 @@ engrams (a masked key's probability is exactly 0, so each use computes what an a
 over its own engrams alone computes); no slices of the keys and values, so no per-slice
 backward. The masks and gates are built once per forward (`MemoryInputs`), not per block.
 With SDPA the M_rem probabilities are recomputed without gradient for the contribution
-(the attention itself runs fused, forward and backward).
+(the attention itself runs fused, forward and backward): each block hands back what its M_rem
+use attended with (`RemindedRead`) and `contribution` computes every block's probabilities in
+one batched matmul and softmax after the last block, not a dozen small ops per block.
 
 Rows without memory (the first segment after a reset) and rows with no reminded engram
 are gated out with `torch.where`, which gives an exact zero (never 0 * garbage): such a
@@ -102,6 +104,46 @@ class EngramMasks:
         return cls(num_wm, dtype, wm_keys, rem_keys, wm_gate, rem_gate, wm_gate | rem_gate)
 
 
+@dataclass
+class RemindedRead:
+    """What one block's read of the reminded engrams attended with, for their contribution (no gradient).
+
+    Attributes:
+        queries: (B, H, L, hd) the read's queries, detached (SDPA ran the attention), or None.
+        keys: (B, H, R, hd) the reminded engrams' keys, detached, or None.
+        scale: the logits' scale.
+        probs: (B, H, L, R) fp32 probabilities before dropout, when the attention made them (eager).
+    """
+
+    queries: Tensor | None = None
+    keys: Tensor | None = None
+    scale: float = 1.0
+    probs: Tensor | None = None
+
+
+@torch.no_grad()
+def contribution(reads: list[RemindedRead], mem: MemoryInputs) -> Tensor:
+    """(B, R) fp32 contribution of each reminded engram (SPEC step 8): its attention probability
+    before dropout, averaged over the blocks, heads and real query tokens, every block at once.
+
+    The M_rem logits of all blocks come from one batched matmul in the queries' dtype (then fp32,
+    as each block's attention makes them); padded slots get probability 0; a row with no reminded
+    engram gets finite values over all R slots (the model gates it out).
+    """
+    if all(r.probs is not None for r in reads):
+        probs = torch.stack([r.probs for r in reads])  # (Y, B, H, L, R)
+    else:
+        queries = torch.stack([r.queries for r in reads])  # (Y, B, H, L, hd)
+        keys = torch.stack([r.keys for r in reads])  # (Y, B, H, R, hd)
+        scales = {r.scale for r in reads}
+        scale = scales.pop() if len(scales) == 1 else queries.new_tensor([r.scale for r in reads])[:, None, None, None,
+                                                                                                    None]
+        allowed = mem.reminded_mask | ~mem.reminded_active[:, None]  # (B, R)
+        blocked = torch.where(allowed, 0.0, float("-inf")).to(queries.dtype)[:, None, None, :]  # (B, 1, 1, R)
+        probs = (torch.matmul(queries, keys.transpose(-1, -2)) * scale + blocked).float().softmax(dim=-1)
+    return MemoryAttention.contribution(probs.mean(dim=0), mem.query_mask)
+
+
 class OutputProjection(nn.Linear):
     """The memory attention's output projection (its own type so that the model's init finds it).
 
@@ -169,14 +211,13 @@ class MemoryAttention(nn.Module):
         probs = scores.float().softmax(dim=-1)
         return torch.matmul(F.dropout(probs.to(v.dtype), p_drop, self.training), v), probs
 
-    def _reminded_probs(self, q: Tensor, k: Tensor, masks: EngramMasks, probs: Tensor | None) -> Tensor:
-        """(B, H, L, R) fp32 probabilities of the M_rem use before dropout, without gradient."""
+    def _reminded_read(self, q: Tensor, k: Tensor, masks: EngramMasks, probs: Tensor | None) -> RemindedRead:
+        """What the M_rem use attended with: its fp32 probabilities before dropout if the attention
+        made them, else its queries and the reminded keys (`contribution` recomputes them)."""
         N = masks.num_wm
         if probs is not None:
-            return probs[..., N:].detach()
-        with torch.no_grad():  # SDPA ran the attention; its probabilities are recomputed here
-            scores = torch.matmul(q, k[:, :, N:].transpose(-1, -2)) * self.scale + masks.rem_keys[..., N:]
-            return scores.float().softmax(dim=-1)
+            return RemindedRead(probs=probs[..., N:].detach())
+        return RemindedRead(queries=q.detach(), keys=k[:, :, N:].detach(), scale=self.scale)
 
     @staticmethod
     def contribution(probs: Tensor, query_mask: Tensor | None) -> Tensor:
@@ -188,7 +229,7 @@ class MemoryAttention(nn.Module):
         return (per_query * m[:, :, None]).sum(dim=1) / m.sum(dim=1, keepdim=True).clamp(min=1.0)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, hidden: Tensor, engrams: Tensor, mem: MemoryInputs) -> tuple[Tensor, Tensor | None]:
+    def forward(self, hidden: Tensor, engrams: Tensor, mem: MemoryInputs) -> tuple[Tensor, RemindedRead | None]:
         """Add the memory's contribution to the residual stream.
 
         Args:
@@ -198,14 +239,14 @@ class MemoryAttention(nn.Module):
             mem: the per-forward memory inputs.
 
         Returns:
-            The new residual stream (B, L, D) and the (B, R) fp32 contribution of each
-            reminded engram (None when R = 0).
+            The new residual stream (B, L, D) and what the M_rem use attended with (None when
+            R = 0): `contribution([...], mem)` gives the (B, R) fp32 contribution of each engram.
         """
         R = mem.reminded_mask.shape[1]
         masks = mem.masks_for(engrams.shape[1] - R, engrams.dtype)
         k, v = self.kv_proj(engrams).split(self.inner_dim, dim=-1)  # (B, N + R, E) each: one projection
         k, v = self._heads(k), self._heads(v)  # (B, H, N + R, hd)
-        weights = None
+        reminded = None
 
         if self.mode == "sequential":
             q = self._heads(self.q_proj(self.ln_wm(hidden)))  # (B, H, L, hd)
@@ -215,8 +256,8 @@ class MemoryAttention(nn.Module):
                 q = self._heads(self.q_proj(self.ln_rem(hidden)))
                 a, probs = self._attend(q, k, v, masks.rem_keys, mem.use_sdpa)
                 hidden = hidden + torch.where(masks.rem_gate, self.resid_dropout(self.out_proj(self._merge(a))), 0.0)
-                weights = self.contribution(self._reminded_probs(q, k, masks, probs), mem.query_mask)
-            return hidden, weights
+                reminded = self._reminded_read(q, k, masks, probs)
+            return hidden, reminded
 
         # parallel: one query, two softmaxes, one output projection
         q = self._heads(self.q_proj(self.ln(hidden)))
@@ -225,9 +266,9 @@ class MemoryAttention(nn.Module):
         if R:
             a_rem, probs = self._attend(q, k, v, masks.rem_keys, mem.use_sdpa)
             a = a + torch.where(masks.rem_gate[..., None], a_rem, 0.0)
-            weights = self.contribution(self._reminded_probs(q, k, masks, probs), mem.query_mask)
+            reminded = self._reminded_read(q, k, masks, probs)
         out = self.resid_dropout(self.out_proj(self._merge(a)))
-        return hidden + torch.where(masks.any_gate, out, 0.0), weights
+        return hidden + torch.where(masks.any_gate, out, 0.0), reminded
 
 
-__all__ = ["MemoryAttention", "MemoryInputs", "EngramMasks", "OutputProjection"]
+__all__ = ["MemoryAttention", "MemoryInputs", "EngramMasks", "OutputProjection", "RemindedRead", "contribution"]

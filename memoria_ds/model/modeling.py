@@ -257,7 +257,7 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             own_attention=read if read.replaces_attention else None,
             engram_slots=read.engram_slots,
         )
-        writes = BlockWrites()
+        writes = BlockWrites(memory=inputs.memory)
         for i, (block, layer) in enumerate(zip(self.transformer.h, self.memory_blocks)):
             hidden, *written = layer(hidden, read.engrams, *read.layer_kv(i), block=block, inputs=inputs)
             writes.add(*written)

@@ -79,9 +79,12 @@ def test_reconstruction_error_by_hand():
     dict(memory_length=4, compressed_length=5, compression_rate=2, compression="mean"),
     dict(memory_length=7, compressed_length=2, compression_rate=3, compression="max"),
 ], ids=["conv4", "conv3-uneven", "mean2", "max3"])
-def test_matches_the_reference_over_segments(make_model, settings):
-    """Logits of every segment and the reconstruction loss equal the slow reference's."""
-    model = _model(make_model, **settings).train()  # train mode: the loss is computed (dropout is 0)
+@pytest.mark.parametrize("segment_length", [None, 12], ids=["growing", "fixed"])
+def test_matches_the_reference_over_segments(make_model, settings, segment_length):
+    """Logits of every segment and the reconstruction loss equal the slow reference's, from a memory
+    that starts with no slots or (a fixed `segment_length`) with every slot empty."""
+    model = make_model("compressive", memory_settings=settings, segment_length=segment_length)
+    model.train()  # train mode: the loss is computed (dropout is 0)
     segs = segments(batch=2, length=12, count=4, seed=1)
     ref = ReferenceCompressive(model, rows=2)
     memory = None

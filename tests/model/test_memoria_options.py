@@ -13,7 +13,8 @@ from model_helpers import VOCAB, run_stream, segments
 from transformers import GPT2LMHeadModel
 
 from memoria_ds.model import MemoriaGPT2Config
-from memoria_ds.model.layer import reminded_contribution
+from memoria_ds.model.layer import reminded_read
+from memoria_ds.model.memory_attention import contribution
 from memoria_ds.model.recurrent.memoria import MemoriaSlotRead, passage_reconstruction_loss
 
 
@@ -156,7 +157,7 @@ def test_the_contribution_is_the_attention_over_the_reminded_engrams(make_model)
         from memoria_ds.model.layer import engram_key_values
 
         keys, _ = engram_key_values(block, read.engrams)
-        got = reminded_contribution(block, q, keys, inputs)
+        got = contribution([reminded_read(block, q, keys, inputs)], inputs)
     N, R = model.config.memoria_config.num_wm, read.reminded_mask.shape[1]
     for b in range(2):
         real = [r for r in range(R) if read.reminded_mask[b, r]]

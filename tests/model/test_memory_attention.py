@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from memoria_ds.model.abstractor import Abstractor
-from memoria_ds.model.memory_attention import MemoryAttention, MemoryInputs
+from memoria_ds.model.memory_attention import MemoryAttention, MemoryInputs, contribution
 
 B, L, N, R, D, H = 3, 5, 2, 4, 8, 2
 
@@ -93,7 +93,8 @@ def test_matches_the_slow_reference(mode, use_sdpa):
     hidden, engrams, mem = _inputs()
     mem.use_sdpa = use_sdpa
     with torch.no_grad():
-        out, weights = m(hidden, engrams, mem)
+        out, reminded = m(hidden, engrams, mem)
+        weights = contribution([reminded], mem)
     ref_out, ref_weights = _reference(m, hidden, engrams, mem)
     torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(weights[mem.reminded_active], ref_weights[mem.reminded_active], rtol=1e-5, atol=1e-6)
@@ -157,7 +158,7 @@ def test_masks_built_once_per_forward_equal_a_block_s_own():
     with torch.no_grad():
         a, wa = m(hidden, engrams, once)
         b, wb = m(hidden, engrams, mem)  # built by the block
-    assert torch.equal(a, b) and torch.equal(wa, wb)
+    assert torch.equal(a, b) and torch.equal(contribution([wa], once), contribution([wb], mem))
     assert once.masks.rem_keys[2].isneginf().sum() == N  # a row with no reminded engram: all R slots, no WM
     assert (once.masks.wm_keys[..., N:] == float("-inf")).all() and (once.masks.wm_keys[..., :N] == 0).all()
 
@@ -168,9 +169,10 @@ def test_contribution_is_taken_before_dropout():
     hidden, engrams, mem = _inputs()
     m.train()
     torch.manual_seed(3)
-    out_train, w_train = m(hidden, engrams, mem)
+    out_train, r_train = m(hidden, engrams, mem)
     m.eval()
-    out_eval, w_eval = m(hidden, engrams, mem)
+    out_eval, r_eval = m(hidden, engrams, mem)
+    w_train, w_eval = contribution([r_train], mem), contribution([r_eval], mem)
     torch.testing.assert_close(w_train, w_eval, rtol=0, atol=1e-7)
     assert (out_train - out_eval).abs().max() > 1e-3  # dropout did act on the output
 
@@ -196,3 +198,27 @@ def test_abstractor_matches_its_formula(style):
         expected = a.ffn_out(inner)
     torch.testing.assert_close(got[0], expected, rtol=1e-5, atol=1e-5)
     assert torch.isfinite(got[1]).all()  # a row with no previous segment stays finite (and is gated later)
+
+
+@pytest.mark.parametrize("use_sdpa", [False, True])
+def test_the_contribution_of_several_blocks_is_the_mean_of_theirs(use_sdpa):
+    """`contribution` computes every block's M_rem probabilities in one batched softmax: the mean over
+    blocks of each block's own contribution (the paper's w_i, averaged over layers), with and without
+    SDPA, and with blocks of different scales (GPT-2's `scale_attn_by_inverse_layer_idx`)."""
+    hidden, engrams, mem = _inputs()
+    mem.use_sdpa = use_sdpa
+    reads = []
+    with torch.no_grad():
+        for seed in range(3):
+            m = _module("sequential")
+            gen = torch.Generator().manual_seed(seed)
+            m.q_proj.weight.add_(0.5 * torch.randn(m.q_proj.weight.shape, generator=gen))  # three different blocks
+            reads.append(m(hidden, engrams, mem)[1])
+    each = torch.stack([contribution([r], mem) for r in reads])  # (3, B, R)
+    assert (each[0] - each[1]).abs().max() > 1e-3
+    torch.testing.assert_close(contribution(reads, mem), each.mean(0), rtol=1e-5, atol=1e-7)
+    if use_sdpa:  # a scale per block
+        for i, r in enumerate(reads):
+            r.scale = r.scale / (i + 1)
+        each = torch.stack([contribution([r], mem) for r in reads])
+        torch.testing.assert_close(contribution(reads, mem), each.mean(0), rtol=1e-5, atol=1e-7)

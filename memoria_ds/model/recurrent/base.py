@@ -130,24 +130,27 @@ class BlockWrites:
     """What the blocks returned for the kind's write: per block, in order.
 
     Attributes:
-        weights: (B, R) contribution weights of each memory attention.
+        memory: the forward's `MemoryInputs` (Memoria's masks), or None.
+        reminded: what each block's read of Memoria's reminded engrams attended with
+            (`memory_attention.RemindedRead`; `contribution(reminded, memory)` gives their weights).
         keys / values: (B, H, L, hd) this segment's detached keys/values (when the read collects them).
         queries: (B, H, L, hd) this segment's detached self-attention queries (when the read collects them).
         side: per block, the tensors a side read's `side_attention` returned.
     """
 
-    weights: list[Tensor] = field(default_factory=list)
+    memory: Any = None
+    reminded: list[Any] = field(default_factory=list)
     keys: list[Tensor] = field(default_factory=list)
     values: list[Tensor] = field(default_factory=list)
     queries: list[Tensor] = field(default_factory=list)
     side: list[tuple[Tensor, ...]] = field(default_factory=list)
 
     def add(
-        self, weights: Tensor | None, keys: Tensor | None, values: Tensor | None, queries: Tensor | None = None,
+        self, reminded: Any, keys: Tensor | None, values: Tensor | None, queries: Tensor | None = None,
         *side: Tensor,
     ) -> None:
-        if weights is not None:
-            self.weights.append(weights)
+        if reminded is not None:
+            self.reminded.append(reminded)
         if keys is not None:
             self.keys.append(keys)
             self.values.append(values)
@@ -220,13 +223,20 @@ class MemoryKind:
 
     def __init__(self, config: MemoriaGPT2Config) -> None:
         self.config = config
+        # parsed here, when the model is built, not in a forward: a compiled forward then reads a
+        # cached value instead of tracing the dataclass parsing (a graph break)
+        self._parsed: tuple[dict[str, Any], Any] = self._parse()
+
+    def _parse(self) -> tuple[dict[str, Any], Any]:
+        raw = dict(self.config.memory_settings or {})
+        return raw, None if self.settings_class is None else self.settings_class.from_dict(dict(raw))
 
     @property
     def settings(self) -> Any:
-        """This kind's typed settings (from `config.memory_settings`), or None."""
-        if self.settings_class is None:
-            return None
-        return self.settings_class.from_dict(dict(self.config.memory_settings or {}))
+        """This kind's typed settings (from `config.memory_settings`, parsed again only when it changed), or None."""
+        if self._parsed[0] != (self.config.memory_settings or {}):
+            self._parsed = self._parse()
+        return self._parsed[1]
 
     def build_module(self) -> nn.Module | None:
         """The trainable module of this kind, made once by the model (`model.memory_net`); None: none."""

@@ -163,14 +163,13 @@ def reconstruction_error(
     """
     rows = old[2].any(dim=1) & new[2].any(dim=1)  # (B,)
     use = (query_mask & rows[:, None])[:, None, :, None]  # (B, 1, Q, 1)
-    if not bool(use.any()):
-        return new[0].sum() * 0.0
     dtype = torch.float32
     target = masked_attention(queries.to(dtype), old[0].to(dtype), old[1].to(dtype), old[2] | ~rows[:, None])
     got = masked_attention(queries.to(dtype), new[0].to(dtype), new[1].to(dtype), new[2] | ~rows[:, None])
-    diff = (target - got).square() * use
+    # where, not a product: a left-out row's difference never reaches the sum (nor, as NaN, its gradient)
+    diff = torch.where(use, (target - got).square(), 0.0)
     count = use.sum() * queries.shape[1] * queries.shape[3]
-    return diff.sum() / count
+    return diff.sum() / count.clamp(min=1)  # 0 when nothing counts (no host sync to test for it)
 
 
 __all__ = ["COMPRESSIONS", "CompressionNet", "GroupLinear", "group_mask", "masked_attention", "pad_to_rate", "pool",

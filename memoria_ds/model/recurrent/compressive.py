@@ -97,10 +97,17 @@ class CompressiveMemory(BatchRows):
 
     @classmethod
     def empty(cls, batch_size: int, num_layers: int, num_heads: int, head_dim: int,
-              device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> CompressiveMemory:
-        kv = torch.zeros(batch_size, num_layers, num_heads, 0, head_dim, device=device, dtype=dtype)
-        mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
-        return cls(kv, kv.clone(), mask, kv.clone(), kv.clone(), mask.clone())
+              device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
+              length: int = 0, compressed_length: int = 0) -> CompressiveMemory:
+        """A memory of `length` (M) and `compressed_length` (C) slots per layer, all empty."""
+        def zeros(slots: int) -> Tensor:  # (B, Y, H, slots, hd)
+            return torch.zeros(batch_size, num_layers, num_heads, slots, head_dim, device=device, dtype=dtype)
+
+        def none(slots: int) -> Tensor:  # (B, slots)
+            return torch.zeros(batch_size, slots, dtype=torch.bool, device=device)
+
+        return cls(zeros(length), zeros(length), none(length), zeros(compressed_length), zeros(compressed_length),
+                   none(compressed_length))
 
     def reset(self, mask: Tensor | None = None) -> None:
         """Forget all rows, or those where the (B,) bool `mask` is True, in place (values zeroed, as `XLMemory`)."""
@@ -185,8 +192,12 @@ class CompressiveKind(MemoryKind):
     settings_class = CompressiveSettings
 
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> CompressiveMemory:
+        """With the model's `segment_length` set, a memory of the M and C slots every write leaves, all
+        empty (every step then sees the same shapes: a compiled step compiles once); else of none."""
         cfg = self.config
-        return CompressiveMemory.empty(batch_size, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, device, dtype)
+        lengths = self.settings.lengths(cfg.segment_length) if cfg.segment_length else (0, 0)
+        return CompressiveMemory.empty(batch_size, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, device, dtype,
+                                       *lengths)
 
     @classmethod
     def check_state(cls, state_dict: dict[str, Any], config: Any = None) -> None:
@@ -249,7 +260,7 @@ class CompressiveKind(MemoryKind):
             new["v"].append(kept_v)
             new["ck"].append(ck_all)
             new["cv"].append(cv_all)
-            masks = (kept_mask, cmask_all)
+            masks = (kept_mask.contiguous(), cmask_all.contiguous())  # not views of a cat: the same strides every step
         memory.keys, memory.values = torch.stack(new["k"], dim=1), torch.stack(new["v"], dim=1)
         memory.compressed_keys = torch.stack(new["ck"], dim=1)
         memory.compressed_values = torch.stack(new["cv"], dim=1)

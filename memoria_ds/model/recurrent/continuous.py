@@ -95,17 +95,44 @@ def _matrices(length: int, samples: int, num_basis: int, tau: float) -> tuple[Te
     return g, g_inf
 
 
+@functools.lru_cache(maxsize=64)
+def _matrices_on(length: int, samples: int, num_basis: int, tau: float, device: torch.device,
+                 dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    return tuple(m.to(device=device, dtype=dtype) for m in _matrices(length, samples, num_basis, tau))
+
+
+# constants of their arguments: a compiled forward holds the result as a constant on the device, instead
+# of tracing the fit (float64 on the host, a `pad < 0` selection of data-dependent size) into every step
+@torch.compiler.assume_constant_result
 def matrices(length: int, samples: int, num_basis: int, tau: float, device: torch.device,
              dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
-    """(G (L, N), G_inf (S + L, N)) on `device` in `dtype`."""
-    return tuple(m.to(device=device, dtype=dtype) for m in _matrices(length, samples, num_basis, float(tau)))
+    """(G (L, N), G_inf (S + L, N)) on `device` in `dtype` (cached: never modify them)."""
+    return _matrices_on(length, samples, num_basis, float(tau), torch.device(device), dtype)
 
 
-def even_samples(samples: int, num_basis: int, tau: float, device: torch.device) -> Tensor:
-    """(S, N) psi at S even positions of the old signal (t / tau for t in (0, tau]): no sticky memories."""
+@functools.lru_cache(maxsize=64)
+def _basis_on(num_basis: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    return tuple(b.to(device=device, dtype=dtype) for b in basis(num_basis))
+
+
+@torch.compiler.assume_constant_result
+def basis_on(num_basis: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """`basis(num_basis)` on `device` in `dtype` (cached: never modify them; a constant to a compiled forward)."""
+    return _basis_on(num_basis, torch.device(device), dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _even_samples_on(samples: int, num_basis: int, tau: float, device: torch.device) -> Tensor:
     mu, sigma = basis(num_basis)
     old = torch.linspace(0.0, tau, samples + 1, dtype=torch.float64)[1:]
     return evaluate(old / tau, mu, sigma).to(device=device, dtype=torch.float32)
+
+
+@torch.compiler.assume_constant_result
+def even_samples(samples: int, num_basis: int, tau: float, device: torch.device) -> Tensor:
+    """(S, N) psi at S even positions of the old signal (t / tau for t in (0, tau]): no sticky memories
+    (cached: never modify it; a constant to a compiled forward)."""
+    return _even_samples_on(samples, num_basis, float(tau), torch.device(device))
 
 
 def fit(x: Tensor, g: Tensor) -> Tensor:
@@ -115,7 +142,7 @@ def fit(x: Tensor, g: Tensor) -> Tensor:
 
 def gaussian_expectation(mu: Tensor, variance: Tensor, num_basis: int) -> Tensor:
     """E_{N(mu, variance)}[psi(t)]: (...) -> (..., N), N(mu; mu_j, variance + sigma_j^2)."""
-    centres, widths = (b.to(mu.device, mu.dtype) for b in basis(num_basis))
+    centres, widths = basis_on(num_basis, mu.device, mu.dtype)
     s = torch.sqrt(widths**2 + variance[..., None])
     z = (mu[..., None] - centres) / s
     return torch.exp(-0.5 * z**2) / (math.sqrt(2 * math.pi) * s)
@@ -157,6 +184,6 @@ def kl_to_prior(mu: Tensor, variance: Tensor, mu_0: float, sigma_0: float) -> Te
     return kl + 0.5 * (mu - mu_0) ** 2 / v0
 
 
-__all__ = ["BASIS_SIGMAS", "RIDGE_PENALTY", "STICKY_BINS", "basis", "bin_mass", "evaluate", "even_samples", "fit",
-           "gaussian_expectation", "infinity_positions", "kl_to_prior", "matrices", "padded_positions",
+__all__ = ["BASIS_SIGMAS", "RIDGE_PENALTY", "STICKY_BINS", "basis", "basis_on", "bin_mass", "evaluate", "even_samples",
+           "fit", "gaussian_expectation", "infinity_positions", "kl_to_prior", "matrices", "padded_positions",
            "regression_matrix", "resolved_basis_count", "sticky_positions"]

@@ -149,10 +149,11 @@ class InfinityMemory(BatchRows):
 
     @classmethod
     def empty(cls, batch_size: int, num_layers: int, dim: int, num_basis: int,
-              device: torch.device | str | None = None) -> InfinityMemory:
+              device: torch.device | str | None = None, length: int = 0) -> InfinityMemory:
+        """A fresh memory: `length` (P) absent previous-segment positions."""
         return cls(
-            hidden=torch.zeros(batch_size, num_layers, 0, dim, device=device),
-            hidden_mask=torch.zeros(batch_size, 0, dtype=torch.bool, device=device),
+            hidden=torch.zeros(batch_size, num_layers, length, dim, device=device),
+            hidden_mask=torch.zeros(batch_size, length, dtype=torch.bool, device=device),
             coefficients=torch.zeros(batch_size, num_layers, num_basis, dim, device=device),
             has_coefficients=torch.zeros(batch_size, dtype=torch.bool, device=device),
             mass=torch.full((batch_size, num_layers, continuous.STICKY_BINS), 1.0 / continuous.STICKY_BINS,
@@ -226,13 +227,15 @@ class InfinityRead(BatchRows, MemoryRead):
 
         Returns:
             the (B, L, D) output (zero for rows without a memory), and for the write: the
-            block input (detached), then, if any row has a memory, the new coefficients
-            (detached), the densities' means and standard deviations (detached) and the
-            per-row mean KL to the prior (with its gradient).
+            block input (detached), then, if the memory has positions (P > 0), the new
+            coefficients (detached), the densities' means and standard deviations (detached)
+            and the per-row mean KL to the prior (with its gradient). Computed for every row,
+            with a memory or not (no host sync to find out which); a row without one adds 0
+            and its write keeps its state.
         """
         inputs = hidden.detach()
         present = self.hidden_mask
-        if not present.shape[1] or not bool(present.any()):
+        if not present.shape[1]:  # a shape, not a value: no memory was ever written to this one
             return hidden.new_zeros(()), (inputs,)
         net = self.net
         dtype = net.key[layer].weight.dtype
@@ -244,8 +247,8 @@ class InfinityRead(BatchRows, MemoryRead):
         grown = continuous.fit(torch.cat([old, keys], dim=1), g_inf)
         coefficients = torch.where(self.has_coefficients[:, None, None], grown, plain)  # (B, N, D)
         out, mu, variance = net.attend(layer, coefficients, queries.to(dtype))
-        rows = present.any(dim=1)
-        out = out * rows[:, None, None].to(out.dtype)
+        rows = present.any(dim=1)  # (B,)
+        out = torch.where(rows[:, None, None], out, 0.0)  # a row without a memory adds exactly 0
         s = net.settings
         kl = continuous.kl_to_prior(mu.float(), variance.float(), s.mu_0, s.sigma_0).flatten(1).mean(dim=1)  # (B,)
         return out.to(hidden.dtype), (inputs, coefficients.detach(), mu.detach(), variance.sqrt().detach(), kl)
@@ -275,8 +278,11 @@ class InfinityKind(MemoryKind):
         return InfinityNet(cfg.n_layer, cfg.n_embd, cfg.n_head, n, s, self.settings)
 
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> InfinityMemory:
+        """With the model's `segment_length` set, a memory of one segment's positions, all absent (every
+        step then sees the same shapes: a compiled step compiles once); else of none."""
         cfg = self.config
-        return InfinityMemory.empty(batch_size, cfg.n_layer, cfg.n_embd, self._sizes()[0], device)
+        return InfinityMemory.empty(batch_size, cfg.n_layer, cfg.n_embd, self._sizes()[0], device,
+                                    cfg.segment_length or 0)
 
     def row_bytes(self, segment_length: int) -> dict[str, int]:
         cfg, n = self.config, self._sizes()[0]
@@ -311,7 +317,7 @@ class InfinityKind(MemoryKind):
     def read(self, memory: InfinityMemory, dtype: torch.dtype, net: Any) -> tuple[InfinityRead, Pending]:
         B, Y = memory.coefficients.shape[:2]
         n, s = net.num_basis, net.num_samples
-        mu, sigma = (b.to(memory.mass.device, torch.float32) for b in continuous.basis(n))
+        mu, sigma = continuous.basis_on(n, memory.mass.device, torch.float32)  # (N,) each
         if net.settings.sticky:
             positions = continuous.sticky_positions(memory.mass.reshape(B * Y, -1), s).view(B, Y, s)
             samples = continuous.evaluate(positions, mu, sigma)  # (B, Y, S, N)
@@ -341,7 +347,7 @@ class InfinityKind(MemoryKind):
             s = pending.net.settings
             if pending.net.training and s.kl_weight > 0 and torch.is_grad_enabled():
                 kl = torch.stack([t[4] for t in side], dim=1).mean(dim=1)  # (B,) mean over layers
-                pending.loss = s.kl_weight * (kl * rows).sum() / rows.sum().clamp(min=1)
+                pending.loss = s.kl_weight * torch.where(rows, kl, 0.0).sum() / rows.sum().clamp(min=1)
         memory.hidden_mask = valid.clone()
         return None
 

@@ -34,6 +34,7 @@ from ...memory.compiled import static_addresses
 from ...memory.state import digest_multipliers
 from ...rows import BatchRows, rows_field
 from ..memory_attention import MemoryInputs
+from ..memory_attention import contribution as reminded_contribution
 from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead, check_format
 from .saved_state import BOOL, FLOAT32, SavedState
 
@@ -58,12 +59,13 @@ class MemoriaMemory(BatchRows):
 
     @classmethod
     def empty(
-        cls, config: MemoriaConfig, batch_size: int, dim: int, device: torch.device | str | None = None
+        cls, config: MemoriaConfig, batch_size: int, dim: int, device: torch.device | str | None = None,
+        length: int = 1,
     ) -> MemoriaMemory:
-        """Fresh memory for `batch_size` rows (one placeholder position, marked absent)."""
+        """Fresh memory for `batch_size` rows (`length` placeholder positions, marked absent)."""
         return cls(
-            prev_hidden=torch.zeros(batch_size, 1, dim, device=device),
-            prev_mask=torch.zeros(batch_size, 1, dtype=torch.bool, device=device),
+            prev_hidden=torch.zeros(batch_size, length, dim, device=device),
+            prev_mask=torch.zeros(batch_size, length, dtype=torch.bool, device=device),
             state=MemoryState.empty(config, batch_size, dim, device=device),
         )._static()
 
@@ -220,7 +222,10 @@ class MemoriaKind(MemoryKind):
         return self._engine
 
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> MemoriaMemory:
-        return MemoriaMemory.empty(self.settings, batch_size, self.config.n_embd, device=device)
+        # a fixed `segment_length`: one segment's placeholder positions, the shape every write leaves (every
+        # step then sees the same shapes: a compiled step compiles once)
+        return MemoriaMemory.empty(self.settings, batch_size, self.config.n_embd, device=device,
+                                   length=self.config.segment_length or 1)
 
     def check(self, memory: MemoriaMemory) -> None:
         memory.state.check(self.settings)
@@ -269,8 +274,8 @@ class MemoriaKind(MemoryKind):
         valid: Tensor,
     ) -> MemoryStats:
         """Memorize with the mean contribution over blocks; keep h_t."""
-        if writes.weights:
-            contribution = torch.stack(writes.weights).mean(dim=0)  # (B, R)
+        if writes.reminded:
+            contribution = reminded_contribution(writes.reminded, writes.memory)  # (B, R), every block at once
         else:
             contribution = torch.zeros(pending.retrieval.reminded_slots.shape, device=hidden.device)
         stats = self.engine.memorize(memory.state, pending.retrieval, contribution, self.settings)

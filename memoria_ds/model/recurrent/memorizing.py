@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...rows import BatchRows, rows_field
+from ...rows import BatchRows, pad_to, rows_field
 from ...setting_rules import SettingError, setting
 from ..knn_attention import KNNAttention, KNNSlots
 from .base import FORMAT, BlockWrites, KindSettings, MemoryKind, MemoryRead, check_format
@@ -84,10 +84,11 @@ class MemorizingMemory(BatchRows):
 
     @classmethod
     def empty(cls, batch_size: int, num_heads: int, head_dim: int,
-              device: torch.device | str | None = None) -> MemorizingMemory:
-        shape = (batch_size, num_heads, 0, head_dim)
+              device: torch.device | str | None = None, length: int = 0) -> MemorizingMemory:
+        """A fresh memory of `length` (M) empty slots."""
+        shape = (batch_size, num_heads, length, head_dim)
         return cls(torch.zeros(shape, device=device), torch.zeros(shape, device=device),
-                   torch.zeros(batch_size, 0, dtype=torch.bool, device=device))
+                   torch.zeros(batch_size, length, dtype=torch.bool, device=device))
 
     @property
     def length(self) -> int:
@@ -96,11 +97,11 @@ class MemorizingMemory(BatchRows):
     def reset(self, mask: Tensor | None = None) -> None:
         """Forget all rows, or the rows where the (B,) bool `mask` is True, in place (zeroed, as XL's).
 
-        Forgetting all rows empties the memory (length 0). On CPU, where reading the mask costs
-        no device sync, the oldest slots that no row holds any more are dropped too, so a batch
-        reset at its documents' start searches only what it holds, not the cap's length of
-        masked slots (the same result: a masked slot is never read). On an accelerator the
-        length is kept: finding those slots would stall the host on every step.
+        Forgetting all rows empties the memory (length 0). Forgetting some keeps the length, even
+        where no row holds the oldest slots any more: dropping those would read the mask on the
+        host (a device sync) and give the memory a shape that depends on data (a compiled step
+        would recompile). A masked slot is never read, so the result is the same; the cost is a
+        top-k over masked slots until the FIFO pushes them out.
         """
         if mask is None:
             self.keys, self.values, self.mask = self.keys[:, :, :0], self.values[:, :, :0], self.mask[:, :0]
@@ -110,12 +111,6 @@ class MemorizingMemory(BatchRows):
         rows = mask[:, None, None, None]  # (B, 1, 1, 1) over (B, H, M, hd)
         self.keys.masked_fill_(rows, 0.0)
         self.values.masked_fill_(rows, 0.0)
-        if self.mask.device.type == "cpu":
-            held = self.mask.any(0).nonzero()  # slots some row still holds, the oldest first
-            start = int(held[0]) if len(held) else self.length
-            if start:
-                self.keys, self.values = self.keys[:, :, start:], self.values[:, :, start:]
-                self.mask = self.mask[:, start:]
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "memorizing", "format": FORMAT, "keys": self.keys, "values": self.values, "mask": self.mask}
@@ -166,9 +161,13 @@ class MemorizingRead(BatchRows, MemoryRead):
 
 
 def fifo_append(memory: Tensor, current: Tensor, size: int, dim: int) -> Tensor:
-    """The newest `size` entries of [memory, current] along `dim` (fewer while not full)."""
-    full = torch.cat([memory, current], dim=dim)
-    return full.narrow(dim, max(0, full.shape[dim] - size), min(size, full.shape[dim]))
+    """The newest `size` entries of [memory, current] along `dim` (fewer while not full), a new
+    contiguous tensor (a view of a longer one would change the strides a compiled step sees)."""
+    M, L = memory.shape[dim], current.shape[dim]
+    drop = max(0, M + L - size)  # the oldest entries that fall out
+    if drop >= M:  # the segment alone fills the memory
+        return current.narrow(dim, drop - M, L - (drop - M)).contiguous()
+    return torch.cat([memory.narrow(dim, drop, M - drop), current], dim=dim)
 
 
 class MemorizingKind(MemoryKind):
@@ -187,8 +186,12 @@ class MemorizingKind(MemoryKind):
         return KNNAttention(self.config.n_head, self.settings.topk)
 
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> MemorizingMemory:
+        """With the model's `segment_length` set, a memory of `size` empty slots, the length every write
+        leaves once full (every step then sees the same shapes: a compiled step compiles once; the cost, a
+        top-k over all `size` slots from the first segment on); else of none, growing to `size`."""
         cfg = self.config
-        return MemorizingMemory.empty(batch_size, cfg.n_head, cfg.n_embd // cfg.n_head, device)
+        return MemorizingMemory.empty(batch_size, cfg.n_head, cfg.n_embd // cfg.n_head, device,
+                                      self.settings.size if cfg.segment_length else 0)
 
     @classmethod
     def check_state(cls, state_dict: dict[str, Any], config: Any = None) -> None:
@@ -202,6 +205,18 @@ class MemorizingKind(MemoryKind):
         if config is not None:
             size = cls.settings_class.from_dict(dict(config.memory_settings or {})).size
             s.at_most("mask", "M", size, "memorizing `size`")
+
+    def prepare(self, memory: MemorizingMemory | None, batch_size: int, device: torch.device, dtype: torch.dtype,
+                reset: Tensor | None) -> MemorizingMemory:
+        """The base's, then a memory shorter than `size` (made without `segment_length`, or saved while
+        filling) padded at its old end with empty slots when the model's `segment_length` is set: the
+        steps that fill it would each see another shape (a compiled step recompiling at each)."""
+        memory = super().prepare(memory, batch_size, device, dtype, reset)
+        size = self.settings.size
+        if self.config.segment_length and memory.length < size:
+            memory.keys, memory.values = (pad_to(t, size, 2, "left") for t in (memory.keys, memory.values))
+            memory.mask = pad_to(memory.mask, size, 1, "left")
+        return memory
 
     def check(self, memory: MemorizingMemory) -> None:
         cfg = self.config

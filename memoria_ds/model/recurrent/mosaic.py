@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from ...rows import BatchRows, rows_field
+from ...rows import BatchRows, pad_to, rows_field
 from .base import FORMAT, MemoryKind, MemoryRead, check_format
 from .saved_state import BOOL, FLOATS, SavedState, backbone_sizes
 
@@ -74,12 +74,15 @@ class MosaicMemory(BatchRows):
 
     @classmethod
     def empty(cls, batch_size: int, num_layers: int, num_heads: int, head_dim: int,
-              device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> MosaicMemory:
+              device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
+              length: int = 0) -> MosaicMemory:
+        """A fresh memory of `length` (M) empty slots."""
         def zeros(*shape):
             return torch.zeros(batch_size, *shape, device=device, dtype=dtype)
 
-        return cls(keys=zeros(num_layers, num_heads, 0, head_dim), values=zeros(num_layers, num_heads, 0, head_dim),
-                   mask=torch.zeros(batch_size, 0, dtype=torch.bool, device=device),
+        return cls(keys=zeros(num_layers, num_heads, length, head_dim),
+                   values=zeros(num_layers, num_heads, length, head_dim),
+                   mask=torch.zeros(batch_size, length, dtype=torch.bool, device=device),
                    last_key=zeros(num_layers, num_heads, head_dim), last_raw=zeros(num_layers, num_heads, head_dim),
                    kbar=zeros(num_layers, 2, num_heads, head_dim),
                    has_last=torch.zeros(batch_size, dtype=torch.bool, device=device))
@@ -147,8 +150,13 @@ class MosaicKind(MemoryKind):
     memory_class = MosaicMemory
 
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> MosaicMemory:
+        """With the model's `segment_length` set, a memory of the slots every write leaves
+        (`mosaic_memory_length`, else one segment's), all empty (every step then sees the same shapes: a
+        compiled step compiles once); else of none."""
         cfg = self.config
-        return MosaicMemory.empty(batch_size, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, device, dtype)
+        length = (cfg.mosaic_memory_length or cfg.segment_length) if cfg.segment_length else 0
+        return MosaicMemory.empty(batch_size, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, device, dtype,
+                                  length)
 
     @classmethod
     def check_state(cls, state_dict: dict[str, Any], config: Any = None) -> None:
@@ -163,6 +171,19 @@ class MosaicKind(MemoryKind):
             length = config.mosaic_memory_length
             s.at_most("mask", "M", length or config.n_positions,
                       "`mosaic_memory_length`" if length else "`n_positions`, the longest segment")
+
+    def prepare(self, memory: MosaicMemory | None, batch_size: int, device: torch.device, dtype: torch.dtype,
+                reset: Tensor | None) -> MosaicMemory:
+        """The base's, then a memory shorter than a fresh one (made without `segment_length`, or saved
+        while filling) padded at its old end with empty slots: the steps that fill it would each see
+        another shape (a compiled step recompiling at each)."""
+        memory = super().prepare(memory, batch_size, device, dtype, reset)
+        cfg = self.config
+        length = (cfg.mosaic_memory_length or cfg.segment_length) if cfg.segment_length else 0
+        if memory.length < length:
+            memory.keys, memory.values = (pad_to(t, length, 3, "left") for t in (memory.keys, memory.values))
+            memory.mask = pad_to(memory.mask, length, 1, "left")
+        return memory
 
     def check(self, memory: MosaicMemory) -> None:
         cfg = self.config
@@ -186,14 +207,15 @@ class MosaicKind(MemoryKind):
         keys = torch.stack([c.keys for c in carries], 1)  # (B, Y, H, S, hd): S = M_old + 1 + L - 1 slots
         values = torch.stack([c.values for c in carries], 1)
         mask = carries[0].mask  # (B, S): the same slots in every block
-        if keys.shape[3] >= length:
-            keys, values, mask = keys[:, :, :, -length:], values[:, :, :, -length:], mask[:, -length:]
+        if keys.shape[3] >= length:  # copies, not views of the longer tensors: the same strides every step
+            keys, values, mask = (t.contiguous() for t in (keys[:, :, :, -length:], values[:, :, :, -length:],
+                                                            mask[:, -length:]))
         dtype = memory.keys.dtype
         memory.keys, memory.values, memory.mask = keys.to(dtype), values.to(dtype), mask
         memory.last_key = torch.stack([c.last_key for c in carries], 1).to(dtype)
         memory.last_raw = torch.stack([c.last_raw for c in carries], 1).to(dtype)
         memory.kbar = torch.stack([torch.stack([c.kbar, pm.detach()], 1) for c, pm in writes], 1).to(dtype)
-        memory.has_last = carries[0].has_last
+        memory.has_last = carries[0].has_last.contiguous()  # a column of the padding mask: copied, as above
         return None
 
 

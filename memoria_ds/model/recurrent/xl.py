@@ -186,8 +186,12 @@ class XLKind(MemoryKind):
     memory_class = XLMemory
 
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> XLMemory:
+        """With the model's `segment_length` set, a memory of the slots every write leaves (`xl_memory_length`,
+        else one segment's), all empty (every step then sees the same shapes: a compiled step compiles once);
+        else of none."""
         cfg = self.config
-        return XLMemory.empty(batch_size, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, 0, device, dtype)
+        length = (cfg.xl_memory_length or cfg.segment_length) if cfg.segment_length else 0
+        return XLMemory.empty(batch_size, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, length, device, dtype)
 
     @classmethod
     def check_state(cls, state_dict: dict[str, Any], config: Any = None) -> None:
@@ -225,7 +229,7 @@ class XLKind(MemoryKind):
             rolled_v.append(roll_memory(old_v, memory.mask, v, valid, length)[0])
         memory.keys = torch.stack([k for k, _ in rolled_k], dim=1)  # (B, Y, H, M, hd)
         memory.values = torch.stack(rolled_v, dim=1)
-        memory.mask = rolled_k[0][1]
+        memory.mask = rolled_k[0][1].contiguous()  # not a view of the cat: every step's mask has the same strides
         memory.segments = memory.segments + 1
         return None
 
