@@ -64,12 +64,14 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+from collections import Counter
 import statistics
 import subprocess
 import sys
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import GPT2Config
 
 from memoria_ds.memory import memorize, remind
@@ -231,30 +233,31 @@ def flops_of(name: str, a: argparse.Namespace) -> float:
 def ops_of(name: str, a: argparse.Namespace) -> tuple[int, list[tuple[str, int]]]:
     """aten ops dispatched by one forward + backward (the third step: memory in use), and the
     most frequent ones; for a whole-model compiled variant, the kernels its graphs call."""
-    from collections import Counter
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     if model_compile_mode(name)[1] is not None:
         return kernels_of(name, a)
-
-    class Count(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops: Counter[str] = Counter()
-            self.compute = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[func.overloadpacket.__name__] += 1
-            self.compute += not is_metadata_only(func)
-            return func(*args, **(kwargs or {}))
-
     r = Runner(name, a)
     r.step(timed=False)
     r.step(timed=False)
-    with Count() as counter:
+    with OpCounter() as counter:
         r.step(timed=False)
-    return sum(counter.ops.values()), counter.ops.most_common(), counter.compute
+    return sum(counter.by_op.values()), counter.by_op.most_common(), counter.compute
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten operations dispatched inside it, by name, and those that are not views."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_op: Counter[str] = Counter()
+        self.compute = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.by_op[func.overloadpacket.__name__] += 1
+        self.compute += not is_metadata_only(func)
+        return func(*args, **(kwargs or {}))
+
+    def result(self) -> dict:
+        return {"ops": sum(self.by_op.values()), "compute": self.compute, "by_op": dict(sorted(self.by_op.items()))}
 
 
 def is_metadata_only(func) -> bool:

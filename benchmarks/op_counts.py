@@ -42,13 +42,12 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import GPT2Config
 
 from memoria_ds.memory import MemoriaConfig, MemoryState, memorize, remind
 from memoria_ds.model import PRESETS, build_model
 
-from model_step import is_metadata_only, prefill  # noqa: E402  (benchmarks/: the `--ops` counter's rules)
+from model_step import OpCounter, prefill  # noqa: E402  (benchmarks/: the `--ops` counter and its rules)
 from recipe import parse_variant  # noqa: E402  (`preset+key=value` variant names)
 
 FIGURES = Path(__file__).with_name("op_counts.json")
@@ -72,23 +71,6 @@ ENGINE_SIZES = {
 }
 GROUPS = ("ci", "gpt2", "engine")
 WARM_ENGINE_STEPS = 40
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts the aten operations dispatched inside it, by name, and those that are not views."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.by_op: Counter[str] = Counter()
-        self.compute = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.by_op[func.overloadpacket.__name__] += 1
-        self.compute += not is_metadata_only(func)
-        return func(*args, **(kwargs or {}))
-
-    def result(self) -> dict:
-        return {"ops": sum(self.by_op.values()), "compute": self.compute, "by_op": dict(sorted(self.by_op.items()))}
 
 
 def count_model_step(variant: str, shape: str) -> dict:

@@ -84,8 +84,14 @@ class _Syncs(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+# Reads a kind makes only where they cost nothing: eager on CPU (never compiled, never on an
+# accelerator) memorizing's reset drops the slots no row holds (`MemorizingMemory.reset`, gated by
+# `memorizing.static_shapes`); with fixed shapes, as compiled or on a GPU, the same step reads nothing.
+CPU_EAGER_ONLY = {"memorizing": {"aten.nonzero.default", "aten._local_scalar_dense.default"}}
+
+
 @pytest.mark.parametrize("preset,settings", KINDS, ids=IDS)
-def test_a_training_step_reads_nothing_back_to_the_host(make_model, preset, settings):
+def test_a_training_step_reads_nothing_back_to_the_host(make_model, preset, settings, monkeypatch):
     model = _model(make_model, preset, settings)
     memory = _warm(model)
     x = segments(BATCH, LENGTH, 1, seed=2)[0]
@@ -93,7 +99,14 @@ def test_a_training_step_reads_nothing_back_to_the_host(make_model, preset, sett
     with _Syncs() as syncs:
         _, memory = _step(model, x, memory, reset=reset)
         memory.detach_()
-    assert not syncs.found, syncs.found
+    assert not set(syncs.found) - CPU_EAGER_ONLY.get(preset, set()), syncs.found
+    if preset in CPU_EAGER_ONLY:  # the step as a GPU or a compiled step runs it: nothing read back
+        from memoria_ds.model.recurrent import memorizing
+
+        monkeypatch.setattr(memorizing, "static_shapes", lambda device: True)
+        with _Syncs() as syncs:
+            _, memory = _step(model, x, memory, reset=reset)
+        assert not syncs.found, syncs.found
 
 
 @pytest.mark.parametrize("preset,settings", KINDS, ids=IDS)
