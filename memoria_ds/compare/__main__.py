@@ -197,11 +197,16 @@ def report(a: argparse.Namespace) -> int:
             print(f"{page}: {changed} block{'s' if changed != 1 else ''} rewritten")
     else:
         print(text)
+    _write_outputs(a, text, chosen, prices)
+    return 0
+
+
+def _write_outputs(a: argparse.Namespace, text: str, chosen: list, prices: list[dict]) -> None:
+    """The table into `--markdown`, the figure into `--figure`, where asked."""
     if a.markdown:
         Path(a.markdown).write_text(text + "\n")
     if a.figure:
         _figure(chosen, prices, Path(a.figure), a.price_setting)
-    return 0
 
 
 def one_table(a: argparse.Namespace) -> int:
@@ -216,10 +221,7 @@ def one_table(a: argparse.Namespace) -> int:
     chosen = list(comparisons.values())
     text = render(chosen, prices, a.price_setting)
     print(text)
-    if a.markdown:
-        Path(a.markdown).write_text(text + "\n")
-    if a.figure:
-        _figure(chosen, prices, Path(a.figure), a.price_setting)
+    _write_outputs(a, text, chosen, prices)
     return 0
 
 
