@@ -8,7 +8,7 @@ from pathlib import Path
 from .table import PLAIN, Table
 
 
-def draw(tables: list[Table], path: Path, titles: dict[str, str] | None = None) -> list[str]:
+def draw(tables: list[Table], path: Path) -> list[str]:
     """Write the figure; return the variants left out of it (no price or no plain model to pair).
 
     x: compute ops of one forward + backward against the plain model's (what a host-bound GPU
@@ -39,7 +39,7 @@ def draw(tables: list[Table], path: Path, titles: dict[str, str] | None = None) 
         ax.set_xlabel("compute ops per step / the plain model's (CPU count)")
         ax.set_ylabel("accuracy above the plain model (points)" if t.metric == "accuracy"
                       else "held-out perplexity below the plain model (%)")
-        ax.set_title((titles or {}).get(t.comparison.name) or t.comparison.title or t.comparison.name, fontsize=9)
+        ax.set_title(t.comparison.title or t.comparison.name, fontsize=9)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(tables):]:
         ax.set_visible(False)

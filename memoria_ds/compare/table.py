@@ -59,7 +59,6 @@ class Row:
     gain_seeds: int = 0  # how many seeds the gain is over (a run may predate the reading without memory)
     price: dict[str, float] = field(default_factory=dict)  # cpu_step, compute_ops, ops, gpu_step, run_cpu_min
     dates: list[str] = field(default_factory=list)
-    sources: list[str] = field(default_factory=list)
 
     @property
     def headline(self) -> tuple[float, float] | None:
@@ -152,8 +151,7 @@ def _from_seeds(variant: str, records: list[dict], plain: dict[int, dict], texts
     quality = {t: (Spread.of([q[t] for q in qualities]).mean, Spread.of([q[t] for q in qualities]).half)
                for t in texts if all(t in q for q in qualities)}
     row = Row(variant, records[0].get("label", ""), [r["seed"] for r in records], quality,
-              dates=sorted({r["date"] for r in records if r.get("date")}),
-              sources=sorted({r.get("source", "") for r in records if isinstance(r.get("source"), str)} - {""}))
+              dates=sorted({r["date"] for r in records if r.get("date")}))
     paired = [(r, q, _quality(plain[r["seed"]], metric)) for r, q in zip(records, qualities) if r["seed"] in plain]
     if paired and variant != PLAIN:
         for t in texts:
@@ -183,8 +181,7 @@ def _gain(r: dict, metric: str) -> float | None:
 def _from_summary(variant: str, r: dict, texts: list[str]) -> Row:
     s = r["summary"]
     quality = {t: tuple(v) for t, v in s["quality"].items()}
-    row = Row(variant, r.get("label", ""), list(r["seeds"]), quality, dates=[r["date"]] if r.get("date") else [],
-              sources=[r["source"]] if r.get("source") else [])
+    row = Row(variant, r.get("label", ""), list(r["seeds"]), quality, dates=[r["date"]] if r.get("date") else [])
     n = len(r["seeds"])
     row.vs_plain = {t: Spread(v[0], v[1], v[2], n) for t, v in s.get("vs_plain", {}).items()}
     if variant == PLAIN:
@@ -312,7 +309,7 @@ def heading(t: Table) -> str:
 
 
 def footnotes(t: Table) -> str:
-    """Labels spelled out, where each row comes from, and what is missing."""
+    """Labels spelled out, and what is missing."""
     out = [f"{r.label} = `{r.variant}`" for r in t.rows if r.label]
     lines = [("; ".join(out) + ".") if out else ""]
     lines += [n + "." for n in t.notes]
