@@ -124,27 +124,31 @@ def run(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     runner.prepare(folder, recipe)
     failed = runner.run_all(task, recipe, folder, todo, a.script_args, a.threads, a.device, total)
     if a.price != "none":
-        _, known = load([root / "price"]) if (root / "price").exists() else ({}, [])
-        _, docs = load([DOCS_RESULTS / "price.json"]) if (DOCS_RESULTS / "price.json").exists() else ({}, [])
-        keys = runner.price_missing(a.price, variants, known + docs)
+        keys = runner.price_missing(a.price, variants, load(_price_files(root))[1])
         if keys:
             print(f"price per step ({a.price}): {', '.join(keys)}", flush=True)
             outcome = runner.measure_prices(root, a.price, keys)
             if outcome:
                 failed.append(outcome)
                 print(outcome, file=sys.stderr)
-    comparisons, prices = load([folder, *([root / "price"] if (root / "price").exists() else []),
-                                *([DOCS_RESULTS / "price.json"] if (DOCS_RESULTS / "price.json").exists() else [])])
+    comparisons, prices = load([folder, *_price_files(root)])  # after measuring: root/price may be new
     c = comparisons[recipe_id(recipe)]
-    text = render([c], prices, a.price if a.price.startswith("cpu") else CPU_SETTING)
+    cpu_setting = a.price if a.price.startswith("cpu") else CPU_SETTING
+    text = render([c], prices, cpu_setting)
     print(text)
     (folder / "table.md").write_text(text + "\n")
-    _figure([c], prices, folder / "compare.png", a.price if a.price.startswith("cpu") else CPU_SETTING)
+    _figure([c], prices, folder / "compare.png", cpu_setting)
     print(f"table: {folder / 'table.md'}\nfigure: {folder / 'compare.png'}")
     if failed:
         print(f"{len(failed)} failed: rerun the same command to retry them", file=sys.stderr)
         return 1
     return 0
+
+
+def _price_files(root: Path | None = None) -> list[Path]:
+    """The price files that exist: those `run` measured under `root`, and the documentation's."""
+    found = [*([root / "price"] if root is not None else []), DOCS_RESULTS / "price.json"]
+    return [p for p in found if p.exists()]
 
 
 def render(comparisons: list[Comparison], prices: list[dict], cpu_setting: str, level: str = "###") -> str:
@@ -214,8 +218,7 @@ def one_table(a: argparse.Namespace) -> int:
 
     comparisons, prices = load([Path(x) for x in a.paths])
     check_one_recipe({rid: (c.recipe, c.where or [c.name]) for rid, c in comparisons.items()})
-    price_paths = [Path(x) for x in a.prices] if a.prices is not None else (
-        [DOCS_RESULTS / "price.json"] if (DOCS_RESULTS / "price.json").exists() else [])
+    price_paths = [Path(x) for x in a.prices] if a.prices is not None else _price_files()
     if price_paths:
         prices += load(price_paths)[1]
     chosen = list(comparisons.values())
