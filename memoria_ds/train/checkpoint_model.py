@@ -16,11 +16,27 @@ from pathlib import Path
 from torch import nn
 
 from .build import build_run_model
-from .checkpoints import CheckpointError, validate
+from .checkpoints import CheckpointError, CheckpointInfo, validate
 from .config import RunConfig
 from .export import consolidated_state_dict
 from .parse import ConfigError
 from .parse import validate as validate_config
+
+
+def checkpoint_config(path: Path, verify: bool = True) -> tuple[CheckpointInfo, RunConfig]:
+    """The checkpoint folder `path`, checked (`validate`), and the run configuration its manifest holds.
+
+    Args:
+        verify: also check every file against the manifest's checksums (`validate`'s `verify_contents`).
+
+    Raises:
+        CheckpointError: an incomplete or damaged checkpoint, or a manifest without the run's configuration.
+    """
+    info = validate(path, verify_contents=verify)
+    try:
+        return info, validate_config(RunConfig, info.manifest.get("meta", {})["config"])
+    except (KeyError, ConfigError) as e:
+        raise CheckpointError(f"checkpoint {path}: its manifest holds no usable run configuration ({e})") from None
 
 
 def checkpoint_model(path: Path, verify: bool = True) -> nn.Module:
@@ -34,13 +50,8 @@ def checkpoint_model(path: Path, verify: bool = True) -> nn.Module:
         CheckpointError: an incomplete or damaged checkpoint, a manifest without the run's
             configuration, or weights that do not fit the model that configuration builds.
     """
-    info = validate(path, verify_contents=verify)
-    meta = info.manifest.get("meta", {})
-    try:
-        cfg = validate_config(RunConfig, meta["config"])
-    except (KeyError, ConfigError) as e:
-        raise CheckpointError(f"checkpoint {path}: its manifest holds no usable run configuration ({e})") from None
-    state = consolidated_state_dict(info.path, meta.get("engine", cfg.engine))
+    info, cfg = checkpoint_config(path, verify)
+    state = consolidated_state_dict(info.path, info.manifest.get("meta", {}).get("engine", cfg.engine))
     # a from-scratch model's vocabulary came from the corpus: the saved embedding has its size
     vocab = next((t.shape[0] for name, t in state.items() if name.endswith("wte.weight")), None)
     model = build_run_model(cfg, vocab).to("cpu")

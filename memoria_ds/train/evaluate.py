@@ -93,14 +93,13 @@ def is_checkpoint(source: str) -> bool:
 
 def checkpoint_config(source: str) -> RunConfig:
     """The run configuration a checkpoint's manifest holds (the model it builds)."""
-    from .checkpoints import CheckpointError, validate
-    from .parse import validate as validate_config
+    from .checkpoint_model import checkpoint_config as read_config
+    from .checkpoints import CheckpointError
 
     try:
-        meta = validate(Path(source), verify_contents=False).manifest.get("meta", {})
-        return validate_config(RunConfig, meta["config"])
-    except (CheckpointError, KeyError) as e:
-        raise ConfigError(f"checkpoint {source}: its manifest holds no usable run configuration ({e})") from None
+        return read_config(Path(source), verify=False)[1]
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
 
 
 def parse(argv: list[str] | None) -> tuple[RunConfig, str, Path | None, Path, Path | None, RunConfig | None]:
