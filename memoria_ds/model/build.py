@@ -41,9 +41,8 @@ def build_model(
     Returns:
         The model, in HF's mode: eval when loaded from a checkpoint, train when built from a config.
     """
-    config_class = MemoryMosaicConfig if preset in MOSAIC_PRESETS else MemoriaGPT2Config
     if isinstance(backbone, GPT2Config):
-        config = config_class.from_backbone(backbone, preset, attn_implementation=attn_implementation, **settings)
+        config = build_config(backbone, preset, attn_implementation=attn_implementation, **settings)
         # from_config, not the constructor: under ZeRO-3 (an `HfDeepSpeedConfig` alive) HF then
         # partitions the weights while building and initialises them gathered
         return AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -53,16 +52,10 @@ def build_model(
             raise ValueError(f"preset {preset!r} builds a Memory Mosaic, which has no GPT-2 weights to start from: "
                              f"train it from scratch (model.from_scratch=true) or give a saved Memory Mosaic")
         raise ValueError(f"{backbone} holds a Memory Mosaic: load it with preset {sorted(MOSAIC_PRESETS)[0]!r}")
-    if isinstance(saved, MemoryMosaicConfig):
-        return MemoryMosaicLMHeadModel.from_pretrained(backbone, dtype=dtype, **settings)
-    if isinstance(saved, MemoriaGPT2Config):
-        return MemoriaGPT2LMHeadModel.from_pretrained(
-            backbone, dtype=dtype, attn_implementation=attn_implementation, **resolve_preset(preset, **settings)
-        )
-    config = MemoriaGPT2Config.from_backbone(saved, preset, **settings)
-    return MemoriaGPT2LMHeadModel.from_pretrained(
-        backbone, config=config, dtype=dtype, attn_implementation=attn_implementation
-    )
+    config = build_config(backbone, preset, **settings)
+    model_class = MemoryMosaicLMHeadModel if isinstance(config, MemoryMosaicConfig) else MemoriaGPT2LMHeadModel
+    extra = {} if model_class is MemoryMosaicLMHeadModel else {"attn_implementation": attn_implementation}
+    return model_class.from_pretrained(backbone, config=config, dtype=dtype, **extra)
 
 
 def build_config(backbone: str | os.PathLike | GPT2Config, preset: str | None = None,
