@@ -154,9 +154,14 @@ class MosaicKind(MemoryKind):
         (`mosaic_memory_length`, else one segment's), all empty (every step then sees the same shapes: a
         compiled step compiles once); else of none."""
         cfg = self.config
-        length = (cfg.mosaic_memory_length or cfg.segment_length) if cfg.segment_length else 0
         return MosaicMemory.empty(batch_size, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, device, dtype,
-                                  length)
+                                  self._fresh_length())
+
+    def _fresh_length(self) -> int:
+        """The slots of a fresh memory: every write's (`mosaic_memory_length`, else one segment's)
+        with the model's `segment_length` set, else none."""
+        cfg = self.config
+        return (cfg.mosaic_memory_length or cfg.segment_length) if cfg.segment_length else 0
 
     @classmethod
     def check_state(cls, state_dict: dict[str, Any], config: Any = None) -> None:
@@ -178,8 +183,7 @@ class MosaicKind(MemoryKind):
         while filling) padded at its old end with empty slots: the steps that fill it would each see
         another shape (a compiled step recompiling at each)."""
         memory = super().prepare(memory, batch_size, device, dtype, reset)
-        cfg = self.config
-        length = (cfg.mosaic_memory_length or cfg.segment_length) if cfg.segment_length else 0
+        length = self._fresh_length()
         if memory.length < length:
             memory.keys, memory.values = (pad_to(t, length, 3, "left") for t in (memory.keys, memory.values))
             memory.mask = pad_to(memory.mask, length, 1, "left")
