@@ -3,7 +3,8 @@
 A run is `benchmarks/real_text.py` or `benchmarks/sorting.py` itself, with `--variants V --seeds S
 --json`, so the numbers are the scripts' own. A finished run (its `seed<N>.json`) is never run
 again unless asked; a run stopped half-way left no result file and runs again; a run another
-invocation is making (its `seed<N>.lock`, that process alive) is left to it. The CPU time of a
+invocation is making (its `seed<N>.lock` held: `train/run_lock.py`'s `flock`, which the kernel
+drops when that process ends, however it ends) is left to it. The CPU time of a
 run is the child process's own (user + system, from the kernel's accounting of that process).
 """
 
@@ -21,6 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..train.run_lock import RunDirInUse, RunLock
 from .recipes import Task, price_key, recipe_id, slug, split_variant
 from .store import FORMAT, ROOT, read_json, run_path, write_json
 
@@ -104,9 +106,11 @@ def run_one(task: Task, recipe: dict[str, Any], folder: Path, variant: str, seed
     line naming the failure and its log, or None."""
     out = run_path(folder, slug(variant), seed)
     out.parent.mkdir(parents=True, exist_ok=True)
-    lock = out.with_suffix(".lock")
-    if not _take(lock):
-        return f"{variant} seed {seed}: another process is running it ({lock}); left to it"
+    lock = RunLock(out.parent, name=out.with_suffix(".lock").name)
+    try:
+        lock.acquire(wait_s=0.0)
+    except RunDirInUse:
+        return f"{variant} seed {seed}: another process is running it ({lock.path}); left to it"
     try:
         bench_json = out.with_name(f".seed{seed}.bench.json")
         script_variant, flags = split_variant(variant, task)
@@ -131,26 +135,8 @@ def run_one(task: Task, recipe: dict[str, Any], folder: Path, variant: str, seed
         bench_json.unlink()
         return None
     finally:
-        lock.unlink(missing_ok=True)
-
-
-def _take(lock: Path) -> bool:
-    """Hold `lock` for this process; a lock whose process is gone is taken over."""
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                pid = int(lock.read_text() or 0)
-                os.kill(pid, 0)
-                return False  # alive
-            except (ValueError, ProcessLookupError, PermissionError, FileNotFoundError):
-                lock.unlink(missing_ok=True)
-                continue
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
-        return True
-    return False
+        lock.path.unlink(missing_ok=True)  # while still held: nothing of this run is left behind
+        lock.release()
 
 
 def record(task: Task, recipe: dict[str, Any], variant: str, seed: int, result: dict[str, Any], cmd: list[str],

@@ -98,9 +98,10 @@ def probe(run_dir: str | os.PathLike) -> None:
 class RunLock:
     """The exclusive lock of one run on its directory (held until `release` or process exit)."""
 
-    def __init__(self, run_dir: str | os.PathLike) -> None:
+    def __init__(self, run_dir: str | os.PathLike, name: str = LOCK_NAME) -> None:
+        """`name`: the lock file's name in `run_dir` (one directory may hold several things to lock)."""
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK_NAME
+        self.path = self.run_dir / name
         self._fd: int | None = None
         self._created: Path | None = None  # the outermost directory `acquire` created, if any
         self._made_file = False  # whether `acquire` created the lock file
