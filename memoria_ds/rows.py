@@ -12,6 +12,10 @@ written once here:
     clone()             a deep copy
     cat([a, b, ...])    the rows of several states stacked into one (a classmethod)
 
+and two that keep a state where it is: `store_(name=value, ...)`, a kind's write, copies each
+new value into the tensor the field holds (its address unchanged, so a captured step, a CUDA
+graph, replays over the same memory); `mark_static_()` tells torch.compile so.
+
 A field takes part when it holds a tensor or another `BatchRows` (None passes through).
 `rows_field(pad=(dim, "left" | "right"))` marks a field whose length along `dim` may
 differ between states (XL's cached slots, a previous segment's positions): `cat` and
@@ -85,6 +89,10 @@ class BatchRows:
         values = {name: None if value is None else fn(value) for name, value, _ in self._row_fields()}
         return type(self)(**values)
 
+    def map_tensors(self: T, fn) -> T:
+        """A new state whose row tensors are `fn(tensor)` (nested states mapped the same way)."""
+        return self._map(lambda v: v.map_tensors(fn) if isinstance(v, BatchRows) else fn(v))
+
     def take_rows(self: T, rows: Tensor | Sequence[int]) -> T:
         idx = row_index(rows, self.device)
         return self._map(lambda v: v.take_rows(idx) if isinstance(v, BatchRows) else v.index_select(0, idx.to(v.device)))
@@ -106,6 +114,38 @@ class BatchRows:
                 value.detach_()
             elif isinstance(value, Tensor) and value.requires_grad:
                 setattr(self, name, value.detach())
+        return self
+
+    def store_(self, **values: Tensor) -> None:
+        """Set fields to `values` in place: each is copied into the tensor its field holds, whose
+        address then never changes (a CUDA graph that reads and writes the state replays; a compiled
+        step sees a mutated input, not a new one). A field is replaced instead where the copy cannot
+        be: another shape or dtype (a memory still filling, on CPU eager), or a value that carries a
+        graph (a kind that trains across segments keeps it; a copy would cut it).
+        A value must not overlap the tensor it is copied into (torch refuses such a copy); a state
+        that shares its tensors with another (`to` its own device, a kind's `from_state_dict` of the
+        other's `state_dict()`) is written through both: `recurrent.memory_from_state_dict` copies.
+        """
+        for name, value in values.items():
+            held = getattr(self, name)
+            if (isinstance(held, Tensor) and held.shape == value.shape and held.dtype == value.dtype
+                    and held.device == value.device and not value.requires_grad and not held.requires_grad):
+                held.copy_(value)
+            else:
+                setattr(self, name, value)
+
+    def mark_static_(self: T) -> T:
+        """Mark every row tensor as an input at a fixed address (`torch._dynamo.mark_static_address`):
+        CUDA graph trees capture a step that mutates an input only then ("skipping cudagraphs due to
+        mutated inputs" otherwise). Nothing inside a traced region (the tensors are the graph's own
+        there); elsewhere the mark changes nothing. Returns self."""
+        if torch.compiler.is_compiling():
+            return self
+        for _, value, _ in self._row_fields():
+            if isinstance(value, BatchRows):
+                value.mark_static_()
+            elif isinstance(value, Tensor) and not value.requires_grad:
+                torch._dynamo.mark_static_address(value)
         return self
 
     @classmethod

@@ -40,7 +40,7 @@ from .generation import MemoryGenerationMixin
 from .hf_compat import OUTPUT_CACHE
 from .layer import BlockInputs, MemoryBlock
 from .memory_attention import OutputProjection
-from .recurrent import BlockWrites, MemoryKind, MemoryRead, RecurrentMemory, memory_kind
+from .recurrent import BlockWrites, MemoryKind, MemoryRead, RecurrentMemory, at_fixed_addresses, memory_kind
 
 
 @dataclass
@@ -176,7 +176,7 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
     def empty_memory(self, batch_size: int, device: torch.device | str | None = None) -> RecurrentMemory:
         """A fresh memory of this model's type for `batch_size` rows."""
         device = device if device is not None else self.transformer.wte.weight.device
-        return self.memory_kind.empty(batch_size, device, self.dtype)
+        return at_fixed_addresses(self.memory_kind.empty(batch_size, device, self.dtype))
 
     # ------------------------------------------------------------------ forward
     def forward(

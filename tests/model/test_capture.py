@@ -9,7 +9,10 @@ self-attention slots with `engram_bias`):
   reset, padded rows and a reload of the memory compile once and compute what eager computes;
 - one eager training step dispatches no operation that reads a tensor's value on the host
   (`aten._local_scalar_dense` behind `.item()`, `nonzero`, `masked_select`, boolean-mask
-  indexing, `unique`: each a sync on a GPU and a data-dependent shape for a graph).
+  indexing, `unique`: each a sync on a GPU and a data-dependent shape for a graph);
+- the memory keeps its addresses: every tensor of the state is written in place, eager and
+  compiled, through steps, resets, padded rows and a load (so a CUDA graph replays over it),
+  and the backward still sees what the forward read (`recurrent/read_copy.py`).
 """
 
 from __future__ import annotations
@@ -133,9 +136,12 @@ def test_compiled_steps_compile_once_and_equal_eager(make_model, preset, setting
                 torch.save(memory.state_dict(), saved)
                 saved.seek(0)
                 memory = type(memory).from_state_dict(torch.load(saved, weights_only=True))
+            before = addresses(memory)
             ctx = torch._dynamo.config.patch(error_on_recompile=True) if name == "compiled" and i > 0 else _nothing()
             with ctx:
-                loss, memory = _step(model, x, memory, reset=how.get("reset", none), mask=how.get("mask", full))
+                loss, out = _step(model, x, memory, reset=how.get("reset", none), mask=how.get("mask", full))
+            if name == "compiled":  # (eager on CPU, memorizing's memory grows while it fills: the test below)
+                assert out is memory and addresses(memory) == before, (i, moved(before, addresses(memory)))
             memory.detach_()
             losses.append(loss)
         results[name] = (torch.stack(losses), {n: p.grad for n, p in model.named_parameters()})
@@ -147,6 +153,50 @@ def test_compiled_steps_compile_once_and_equal_eager(make_model, preset, setting
             assert got is None or not got.any(), name
             continue
         torch.testing.assert_close(got, grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def addresses(memory) -> dict[str, int]:
+    """Every tensor of a memory (nested states included) by name: its address. Memformer's slots
+    carry their graph through a training step (a later segment's loss trains the write): that one
+    field is a new tensor each step, by design (`memformer.MemformerKind.write`)."""
+    out = {}
+    for name, value, _ in memory._row_fields() if hasattr(memory, "_row_fields") else ():  # `none`: no tensor
+        if isinstance(value, torch.Tensor) and not (type(memory).__name__ == "MemformerMemory" and name == "slots"):
+            out[name] = value.data_ptr()
+        elif hasattr(value, "_row_fields"):
+            out.update({f"{name}.{k}": v for k, v in addresses(value).items()})
+    return out
+
+
+def moved(before: dict[str, int], after: dict[str, int]) -> list[str]:
+    return [name for name in before if after.get(name) != before[name]]
+
+
+@pytest.mark.parametrize("preset,settings", KINDS, ids=IDS)
+def test_the_memory_keeps_its_addresses_through_steps_resets_padding_and_a_load(make_model, preset, settings,
+                                                                               monkeypatch):
+    """The state a CUDA graph replays over: written in place by every step (eager here; compiled in
+    the test above), a reset, a padded row, and a checkpoint's memory loaded into it (`put_rows`)."""
+    from memoria_ds.model.recurrent import memorizing
+
+    monkeypatch.setattr(memorizing, "static_shapes", lambda device: True)  # as compiled or on a GPU
+    model = _model(make_model, preset, settings)
+    memory = model.empty_memory(BATCH)
+    before = addresses(memory)
+    padded = torch.ones(BATCH, LENGTH, dtype=torch.long)
+    padded[0, LENGTH // 2:] = 0
+    plan = [dict(), dict(), dict(reset=torch.tensor([True, False, False])), dict(mask=padded), dict(load=True),
+            dict()]
+    for x, how in zip(segments(BATCH, LENGTH, len(plan), seed=4), plan):
+        if how.get("load"):
+            saved = io.BytesIO()
+            torch.save(memory.state_dict(), saved)
+            saved.seek(0)
+            memory.put_rows(list(range(BATCH)), type(memory).from_state_dict(torch.load(saved, weights_only=True)))
+        _, out = _step(model, x, memory, reset=how.get("reset"), mask=how.get("mask"))
+        out.detach_()
+        assert out is memory and addresses(memory) == before, (how, moved(before, addresses(memory)))
+    assert before or not model.memory_kind.carries_state
 
 
 class _nothing:

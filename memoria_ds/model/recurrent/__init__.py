@@ -20,7 +20,8 @@ from typing import Any, Union
 import torch
 
 from ...memory import MemoriaConfig
-from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead
+from ...rows import BatchRows
+from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead, at_fixed_addresses
 from .compressive import CompressiveKind, CompressiveMemory, CompressiveRead, CompressiveSettings
 from .infinity import InfinityKind, InfinityMemory, InfinityRead, InfinitySettings
 from .memformer import MemformerKind, MemformerMemory, MemformerRead, MemformerSettings
@@ -54,7 +55,8 @@ def memory_from_state_dict(
     (a missing or mistyped field, a non-finite value, a value its kind cannot hold, with
     `model_config` a memory of another kind or of a shape this model cannot run) is a ValueError
     naming the problem, never another exception from inside a kind, nor later in a forward.
-    Every kind checks its own fields (`MemoryKind.check_state`) before the memory is rebuilt.
+    Every kind checks its own fields (`MemoryKind.check_state`) before the memory is rebuilt. The
+    memory holds copies of the saved tensors (it is written in place: `BatchRows.store_`).
 
     Args:
         config: Memoria's settings to check an engine state's capacity against (implied by `model_config`).
@@ -75,7 +77,10 @@ def memory_from_state_dict(
         config = model_config.memoria_config
     try:
         KINDS[kind].check_state(state_dict, model_config)
-        return KINDS[kind].memory_class.from_state_dict(state_dict, config=config, device=device)
+        memory = KINDS[kind].memory_class.from_state_dict(state_dict, config=config, device=device)
+        # its own tensors: a memory is written in place, and one sharing a live memory's tensors (its
+        # `state_dict()`'s) would write into that one too
+        return at_fixed_addresses(memory.clone() if isinstance(memory, BatchRows) else memory)
     except (KeyError, TypeError, AttributeError, IndexError, RuntimeError) as e:
         raise ValueError(f"saved {kind} memory is malformed ({type(e).__name__}: {e})") from None
 
@@ -93,7 +98,7 @@ def _non_finite(tree: Any, name: str = "") -> str | None:
 
 
 __all__ = [
-    "FORMAT", "KINDS", "BlockWrites", "MemoryKind", "MemoryRead", "RecurrentMemory",
+    "FORMAT", "KINDS", "at_fixed_addresses", "BlockWrites", "MemoryKind", "MemoryRead", "RecurrentMemory",
     "NoMemory", "NoneKind", "XLMemory", "XLRead", "XLKind", "MemoriaMemory", "MemoriaRead", "MemoriaKind",
     "CompressiveMemory", "CompressiveRead", "CompressiveKind", "CompressiveSettings",
     "InfinityMemory", "InfinityRead", "InfinityKind", "InfinitySettings",

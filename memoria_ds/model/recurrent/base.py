@@ -19,11 +19,16 @@ own settings are the config's `memory_settings` dict, parsed by its `settings_cl
 nothing else. Decoding inside `generate()` attends to a *frozen* read
 (`kind.frozen_read`, from a copy of the memory) and never prepares or writes. `pending` is
 whatever the kind must carry from its read to its write (Memoria's retrieval), opaque to
-the model. The memory objects are updated in place by `write` (the engine state is large)
-and their row operations come from `BatchRows`, as does `detach_()`: the training loop cuts
+the model. The memory is updated in place by `write`, at fixed addresses: every new value is
+copied into the tensor its field holds (`BatchRows.store_`), so a captured step (a CUDA graph)
+replays over the same state; what the forward read, the backward still needs after that write,
+so a `read` reads copies (`read_copy.held`, `read_copy.read_copy`: opaque to the compiler's
+partitioner, which could otherwise recompute a read in the backward from the overwritten
+input). Row operations come from `BatchRows`, as does `detach_()`: the training loop cuts
 the carried state's graph with it at the end of each span of `optim.bptt_segments`
 segments. A kind that detaches what it carries gets no gradient across segments; one that
-keeps the graph (`memformer`) must change its state out of place (`reset` included).
+keeps the graph (`memformer`) changes that state out of place (`store_` replaces a value with a
+graph; `reset` too): its address changes with each training step.
 
 One file per kind: `none.py`, `xl.py`, `memoria.py`, `compressive.py`, ...; `KINDS` in `__init__.py`.
 
@@ -38,11 +43,18 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from ...rows import BatchRows
 from ...setting_rules import SettingError, check_fields
 from ..config import KIND_SETTINGS, MemoriaGPT2Config
 from ..memory_attention import MemoryInputs
 
 FORMAT = 1  # the version of every memory's `state_dict`
+
+
+def at_fixed_addresses(memory: Any) -> Any:
+    """`memory` with its tensors marked as inputs at fixed addresses (`BatchRows.mark_static_`: every
+    write stores in place, so a CUDA graph replays over them); a memory of no tensors as it is."""
+    return memory.mark_static_() if isinstance(memory, BatchRows) else memory
 
 
 def check_format(state_dict: dict[str, Any], kind: str) -> None:
@@ -285,7 +297,7 @@ class MemoryKind:
                 that does not fit this model.
         """
         if memory is None:
-            return self.empty(batch_size, device, dtype)
+            return at_fixed_addresses(self.empty(batch_size, device, dtype))
         if not isinstance(memory, self.memory_class):
             raise TypeError(
                 f"a `{self.name}` model takes a {self.memory_class.__name__}, got {type(memory).__name__}"
@@ -328,4 +340,4 @@ class MemoryKind:
         raise NotImplementedError
 
 
-__all__ = ["FORMAT", "BlockWrites", "EmptyRead", "MemoryKind", "MemoryRead", "check_format"]
+__all__ = ["FORMAT", "at_fixed_addresses", "BlockWrites", "EmptyRead", "MemoryKind", "MemoryRead", "check_format"]

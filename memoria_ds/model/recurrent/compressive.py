@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from ...rows import BatchRows, rows_field
 from ...setting_rules import setting
 from .base import FORMAT, BlockWrites, KindSettings, MemoryKind, check_format
+from .read_copy import held
 from .saved_state import BOOL, FLOATS, INT64, SavedState, backbone_sizes
 from .compression import COMPRESSIONS, CompressionNet, pad_to_rate, reconstruction_error
 from .xl import XLRead, roll_memory
@@ -163,6 +164,7 @@ class Pending:
     """What a forward's write needs from its read: the compression network; the loss it leaves."""
 
     net: CompressionNet
+    held: CompressiveMemory | None = None  # what the read read (`read_copy.held`): the write evicts from it
     loss: Tensor | None = None
 
 
@@ -221,30 +223,32 @@ class CompressiveKind(MemoryKind):
 
     def read(self, memory: CompressiveMemory, dtype: torch.dtype, net: Any) -> tuple[CompressiveRead, Pending]:
         cfg = self.config
+        memory = held(memory)  # the write overwrites the memory in place; the backward needs what was read
         offset = None
         if cfg.position_banks > 1:
             offset = (memory.segments % cfg.position_banks) * cfg.positions_per_segment
         keys = torch.cat([memory.compressed_keys, memory.keys], dim=3)
         values = torch.cat([memory.compressed_values, memory.values], dim=3)
         mask = torch.cat([memory.compressed_mask, memory.mask], dim=1)
-        return CompressiveRead(keys, values, mask, offset), Pending(net)
+        return CompressiveRead(keys, values, mask, offset), Pending(net, memory)
 
     def cached_slots(self, segment_length: int) -> int:
         return sum(self.settings.lengths(self.config.segment_length or segment_length))
 
     def frozen_read(self, memory: CompressiveMemory, dtype: torch.dtype, net: Any) -> CompressiveRead:
-        return self.read(memory, dtype, net)[0]  # reading changes nothing; a write replaces the tensors
+        return self.read(memory, dtype, net)[0]  # the read holds copies (`read_copy.held`): a later write leaves it
 
     def write(self, memory: CompressiveMemory, read: CompressiveRead, pending: Pending, writes: BlockWrites,
               hidden: Tensor, valid: Tensor) -> None:
-        settings, net = self.settings, pending.net
+        settings, net, old = self.settings, pending.net, pending.held  # `old`: the memory as read (its reconstruction
+        # loss is back-propagated after `memory` is overwritten)
         length, compressed_length = settings.lengths(self.config.segment_length or valid.shape[1])
         train = net.training and net.trainable and settings.reconstruction_weight > 0 and torch.is_grad_enabled()
         new = {name: [] for name in ("k", "v", "ck", "cv")}
         masks, errors = None, []
         for i, (k, v) in enumerate(zip(writes.keys, writes.values)):
-            (kept_k, kept_mask), (old_k, old_mask) = evict(memory.keys[:, i], memory.mask, k, valid, length)
-            (kept_v, _), (old_v, _) = evict(memory.values[:, i], memory.mask, v, valid, length)
+            (kept_k, kept_mask), (old_k, old_mask) = evict(old.keys[:, i], old.mask, k, valid, length)
+            (kept_v, _), (old_v, _) = evict(old.values[:, i], old.mask, v, valid, length)
             old_k, old_mask_padded = pad_to_rate(old_k, old_mask, net.rate)
             old_v, _ = pad_to_rate(old_v, old_mask, net.rate)
             with torch.set_grad_enabled(train):
@@ -252,20 +256,18 @@ class CompressiveKind(MemoryKind):
             if train:
                 errors.append(reconstruction_error(writes.queries[i], valid, (old_k, old_v, old_mask_padded),
                                                    (ck, cv, cmask)))
-            ck_all, cmask_all = roll_memory(memory.compressed_keys[:, i], memory.compressed_mask, ck.to(k.dtype),
+            ck_all, cmask_all = roll_memory(old.compressed_keys[:, i], old.compressed_mask, ck.to(k.dtype),
                                             cmask, compressed_length)
-            cv_all, _ = roll_memory(memory.compressed_values[:, i], memory.compressed_mask, cv.to(k.dtype),
+            cv_all, _ = roll_memory(old.compressed_values[:, i], old.compressed_mask, cv.to(k.dtype),
                                     cmask, compressed_length)
             new["k"].append(kept_k)
             new["v"].append(kept_v)
             new["ck"].append(ck_all)
             new["cv"].append(cv_all)
             masks = (kept_mask.contiguous(), cmask_all.contiguous())  # not views of a cat: the same strides every step
-        memory.keys, memory.values = torch.stack(new["k"], dim=1), torch.stack(new["v"], dim=1)
-        memory.compressed_keys = torch.stack(new["ck"], dim=1)
-        memory.compressed_values = torch.stack(new["cv"], dim=1)
-        memory.mask, memory.compressed_mask = masks
-        memory.segments = memory.segments + 1
+        memory.store_(keys=torch.stack(new["k"], dim=1), values=torch.stack(new["v"], dim=1),  # in place
+                      compressed_keys=torch.stack(new["ck"], dim=1), compressed_values=torch.stack(new["cv"], dim=1),
+                      mask=masks[0], compressed_mask=masks[1], segments=memory.segments + 1)
         if train:
             pending.loss = settings.reconstruction_weight * torch.stack(errors).mean()
         return None

@@ -40,6 +40,7 @@ from ...setting_rules import setting
 from ..memory_attention import OutputProjection
 from . import continuous
 from .base import FORMAT, BlockWrites, KindSettings, MemoryKind, MemoryRead, check_format
+from .read_copy import held
 from .saved_state import BOOL, FLOAT32, SavedState
 
 MASKS = ("cnn", "none")
@@ -315,6 +316,7 @@ class InfinityKind(MemoryKind):
                              f"width) but this model has ({cfg.n_layer}, {n}, {cfg.n_embd})")
 
     def read(self, memory: InfinityMemory, dtype: torch.dtype, net: Any) -> tuple[InfinityRead, Pending]:
+        memory = held(memory)  # the write overwrites the memory in place; the backward needs what was read
         B, Y = memory.coefficients.shape[:2]
         n, s = net.num_basis, net.num_samples
         mu, sigma = continuous.basis_on(n, memory.mass.device, torch.float32)  # (N,) each
@@ -328,27 +330,28 @@ class InfinityKind(MemoryKind):
         return read, Pending(net)
 
     def frozen_read(self, memory: InfinityMemory, dtype: torch.dtype, net: Any) -> InfinityRead:
-        return self.read(memory, dtype, net)[0]  # reading changes nothing; a write replaces the tensors
+        return self.read(memory, dtype, net)[0]  # the read holds copies (`read_copy.held`): a later write leaves it
 
     def write(self, memory: InfinityMemory, read: InfinityRead, pending: Pending, writes: BlockWrites,
               hidden: Tensor, valid: Tensor) -> None:
         side = writes.side
-        memory.hidden = torch.stack([s[0] for s in side], dim=1).float() * valid[:, None, :, None]
-        rows = memory.has_previous  # rows whose memory was read this step (before the new hidden is set)
+        rows = read.hidden_mask.any(dim=1)  # rows whose memory was read this step (as read: the KL loss's mask)
+        # every field in place (`BatchRows.store_`): the memory keeps its addresses
+        memory.store_(hidden=torch.stack([s[0] for s in side], dim=1).float() * valid[:, None, :, None])
         if len(side[0]) > 1:
             new = torch.stack([s[1] for s in side], dim=1).float()  # (B, Y, N, D)
-            memory.coefficients = torch.where(rows[:, None, None, None], new, memory.coefficients)
-            memory.has_coefficients = memory.has_coefficients | rows
+            memory.store_(coefficients=torch.where(rows[:, None, None, None], new, memory.coefficients),
+                          has_coefficients=memory.has_coefficients | rows)
             H = side[0][2].shape[1]
             weights = valid[:, None, :].expand(-1, H, -1).flatten(1).float()  # (B, H * L)
             mass = torch.stack([continuous.bin_mass(s[2].flatten(1).float(), s[3].flatten(1).float(), weights)
                                 for s in side], dim=1)  # (B, Y, K)
-            memory.mass = torch.where(rows[:, None, None], mass, memory.mass)
+            memory.store_(mass=torch.where(rows[:, None, None], mass, memory.mass))
             s = pending.net.settings
             if pending.net.training and s.kl_weight > 0 and torch.is_grad_enabled():
                 kl = torch.stack([t[4] for t in side], dim=1).mean(dim=1)  # (B,) mean over layers
                 pending.loss = s.kl_weight * torch.where(rows, kl, 0.0).sum() / rows.sum().clamp(min=1)
-        memory.hidden_mask = valid.clone()
+        memory.store_(hidden_mask=valid)
         return None
 
     def auxiliary_loss(self, pending: Pending) -> Tensor | None:

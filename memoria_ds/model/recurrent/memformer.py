@@ -36,6 +36,7 @@ from ...rows import BatchRows, rows_field
 from ...setting_rules import setting
 from ..memory_attention import OutputProjection
 from .base import FORMAT, BlockWrites, KindSettings, MemoryKind, MemoryRead, check_format
+from .read_copy import held
 from .saved_state import BOOL, FLOAT32, SavedState, vector_lengths
 
 
@@ -142,13 +143,16 @@ class MemformerMemory(BatchRows):
                    torch.ones(batch_size, dtype=torch.bool, device=device))
 
     def reset(self, mask: Tensor | None = None) -> None:
-        """Make all rows, or those where the (B,) bool `mask` is True, fresh (slots zeroed, not in place:
-        the old slots may be in the graph of a training span)."""
+        """Make all rows, or those where the (B,) bool `mask` is True, fresh (slots zeroed): in place,
+        except slots inside the graph of a training span (a new tensor then: the graph holds the old)."""
         if mask is None:
             mask = torch.ones_like(self.fresh)
         mask = mask.to(self.fresh.device, torch.bool)
-        self.slots = self.slots.masked_fill(mask[:, None, None], 0.0)
-        self.fresh = self.fresh | mask
+        if self.slots.requires_grad:
+            self.slots = self.slots.masked_fill(mask[:, None, None], 0.0)
+        else:
+            self.slots.masked_fill_(mask[:, None, None], 0.0)
+        self.fresh.logical_or_(mask)
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "memformer", "format": FORMAT, "slots": self.slots.detach(), "fresh": self.fresh}
@@ -227,18 +231,21 @@ class MemformerKind(MemoryKind):
         return {"slots": self.settings.num_slots * self.config.n_embd * 4}
 
     def read(self, memory: MemformerMemory, dtype: torch.dtype, net: Any) -> tuple[MemformerRead, MemformerNet]:
+        memory = held(memory)  # the write overwrites the memory in place; the backward needs what was read
         initial = net.initial_slots().float()  # (k, D), with its gradient into the slot biases
         slots = torch.where(memory.fresh[:, None, None], initial.to(memory.slots.device), memory.slots)
         return MemformerRead(slots, net), net
 
     def frozen_read(self, memory: MemformerMemory, dtype: torch.dtype, net: Any) -> MemformerRead:
-        return self.read(memory, dtype, net)[0]  # reading changes nothing; a write replaces the tensors
+        return self.read(memory, dtype, net)[0]  # the read holds copies (`read_copy.held`): a later write leaves it
 
     def write(self, memory: MemformerMemory, read: MemformerRead, net: MemformerNet, writes: BlockWrites,
               hidden: Tensor, valid: Tensor) -> None:
         weight = net.write_query.weight
-        memory.slots = net.write(read.slots.to(weight.dtype), hidden.to(weight.dtype), valid).float()
-        memory.fresh = torch.zeros_like(memory.fresh)
+        # the new slots carry their graph (a later segment's loss trains this write): a new tensor, not
+        # stored in place (`store_` replaces a value with a graph); scored without gradient, in place
+        memory.store_(slots=net.write(read.slots.to(weight.dtype), hidden.to(weight.dtype), valid).float())
+        memory.fresh.zero_()
         return None
 
 

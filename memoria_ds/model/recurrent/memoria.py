@@ -36,6 +36,7 @@ from ...rows import BatchRows, rows_field
 from ..memory_attention import MemoryInputs
 from ..memory_attention import contribution as reminded_contribution
 from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead, check_format
+from .read_copy import read_copy
 from .saved_state import BOOL, FLOAT32, SavedState
 
 
@@ -248,16 +249,18 @@ class MemoriaKind(MemoryKind):
             s.at_most("prev_mask", "P", config.n_positions, "`n_positions`, the longest segment")
 
     def read(self, memory: MemoriaMemory, dtype: torch.dtype, abstractor: nn.Module) -> tuple[MemoriaRead, MemoriaPending]:
-        active = memory.has_previous  # (B,)
-        wm = abstractor(memory.prev_hidden.to(dtype), memory.prev_mask)  # (B, N, D)
+        # copies (`read_copy`): the write overwrites the memory in place; the backward needs what was read
+        passage, passage_mask = read_copy(memory.prev_hidden), read_copy(memory.prev_mask)
+        active = passage_mask.any(dim=1)  # (B,) rows with a previous segment (`has_previous`, as read)
+        wm = abstractor(passage.to(dtype), passage_mask)  # (B, N, D)
         retrieval = self.engine.remind(memory.state, wm, self.settings)
-        mask = retrieval.reminded_mask & active[:, None]  # (B, R)
-        reminded = retrieval.reminded.to(dtype)  # (B, R, D)
+        mask = read_copy(retrieval.reminded_mask) & active[:, None]  # (B, R)
+        reminded = read_copy(retrieval.reminded).to(dtype)  # (B, R, D): gathered from a state memorize rewrites
         engrams = torch.cat([wm, reminded], dim=1) if reminded.shape[1] else wm  # (B, N + R, D)
         read_class = MemoriaSlotRead if self.config.memory_read == "self_attention" else MemoriaRead
         loss = None
         if self.config.engram_loss and torch.is_grad_enabled():  # a training signal: not computed for scoring
-            loss = self.config.engram_loss * passage_reconstruction_loss(wm, memory.prev_hidden, memory.prev_mask,
+            loss = self.config.engram_loss * passage_reconstruction_loss(wm, passage, passage_mask,
                                                                          active)
         return read_class(engrams, active, mask, mask.any(dim=1)), MemoriaPending(retrieval, loss)
 
@@ -281,8 +284,8 @@ class MemoriaKind(MemoryKind):
         stats = self.engine.memorize(memory.state, pending.retrieval, contribution, self.settings)
         # rows without a previous segment wrote a placeholder WM: return them to fresh
         memory.state.reset(~read.wm_active)
-        memory.prev_hidden = hidden.detach().to(torch.float32, copy=True)  # a copy: never aliases the graph
-        memory.prev_mask = valid.clone()
+        # in place (the addresses `_static` marked stay): a copy, never an alias of the graph
+        memory.store_(prev_hidden=hidden.detach().to(torch.float32), prev_mask=valid)
         return gate_stats(stats, read.wm_active, memory.state.capacity)
 
 

@@ -29,6 +29,7 @@ from ...rows import BatchRows, pad_to, rows_field
 from ...setting_rules import SettingError, setting
 from ..knn_attention import KNNAttention, KNNSlots
 from .base import FORMAT, BlockWrites, KindSettings, MemoryKind, MemoryRead, check_format
+from .read_copy import held
 from .saved_state import BOOL, FLOAT32, SavedState, backbone_sizes, vector_lengths
 
 
@@ -242,19 +243,20 @@ class MemorizingKind(MemoryKind):
                              f"this model has {want[0]} of width {want[1]}")
 
     def read(self, memory: MemorizingMemory, dtype: torch.dtype, net: Any) -> tuple[MemorizingRead, None]:
+        memory = held(memory)  # the write overwrites the memory in place; the backward needs what was read
         return MemorizingRead(memory.keys, memory.values, memory.mask, net, self.layer), None
 
     def frozen_read(self, memory: MemorizingMemory, dtype: torch.dtype, net: Any) -> MemorizingRead:
-        return self.read(memory, dtype, net)[0]  # reading changes nothing; a write replaces the tensors
+        return self.read(memory, dtype, net)[0]  # the read holds copies (`read_copy.held`): a later write leaves it
 
     def write(self, memory: MemorizingMemory, read: MemorizingRead, pending: None, writes: BlockWrites,
               hidden: Tensor, valid: Tensor) -> None:
         layer, size = self.layer, self.settings.size
         keys = F.normalize(writes.keys[layer].detach().float(), dim=-1)  # (B, H, L, hd)
         values = writes.values[layer].detach().float()
-        memory.keys = fifo_append(memory.keys, keys, size, 2)  # (B, H, M, hd)
-        memory.values = fifo_append(memory.values, values, size, 2)
-        memory.mask = fifo_append(memory.mask, valid.to(torch.bool), size, 1)  # (B, M)
+        memory.store_(keys=fifo_append(memory.keys, keys, size, 2),  # (B, H, M, hd), in place once full
+                      values=fifo_append(memory.values, values, size, 2),
+                      mask=fifo_append(memory.mask, valid.to(torch.bool), size, 1))  # (B, M)
         return None
 
 

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ...rows import BatchRows, pad_to, rows_field
 from .base import FORMAT, MemoryKind, MemoryRead, check_format
+from .read_copy import held
 from .saved_state import BOOL, FLOATS, SavedState, backbone_sizes
 
 
@@ -197,10 +198,10 @@ class MosaicKind(MemoryKind):
             raise ValueError(f"mosaic memory of {got} (blocks, heads, head width) for a model of {want}")
 
     def read(self, memory: MosaicMemory, dtype: torch.dtype, abstractor: Any) -> tuple[MosaicRead, None]:
-        return MosaicRead(memory), None
+        return MosaicRead(held(memory)), None  # the write overwrites the memory in place: the backward reads a copy
 
     def frozen_read(self, memory: MosaicMemory, dtype: torch.dtype, abstractor: Any) -> MosaicRead:
-        return MosaicRead(memory.clone())
+        return self.read(memory, dtype, abstractor)[0]  # the read holds copies (`read_copy.held`): a later write leaves it
 
     def write(self, memory: MosaicMemory, read: MosaicRead, pending: None, writes: list[tuple[ContextCarry, Tensor]],
               hidden: Tensor, valid: Tensor) -> None:
@@ -215,11 +216,12 @@ class MosaicKind(MemoryKind):
             keys, values, mask = (t.contiguous() for t in (keys[:, :, :, -length:], values[:, :, :, -length:],
                                                             mask[:, -length:]))
         dtype = memory.keys.dtype
-        memory.keys, memory.values, memory.mask = keys.to(dtype), values.to(dtype), mask
-        memory.last_key = torch.stack([c.last_key for c in carries], 1).to(dtype)
-        memory.last_raw = torch.stack([c.last_raw for c in carries], 1).to(dtype)
-        memory.kbar = torch.stack([torch.stack([c.kbar, pm.detach()], 1) for c, pm in writes], 1).to(dtype)
-        memory.has_last = carries[0].has_last.contiguous()  # a column of the padding mask: copied, as above
+        memory.store_(  # in place (`BatchRows.store_`): the memory keeps its addresses
+            keys=keys.to(dtype), values=values.to(dtype), mask=mask,
+            last_key=torch.stack([c.last_key for c in carries], 1).to(dtype),
+            last_raw=torch.stack([c.last_raw for c in carries], 1).to(dtype),
+            kbar=torch.stack([torch.stack([c.kbar, pm.detach()], 1) for c, pm in writes], 1).to(dtype),
+            has_last=carries[0].has_last.contiguous())  # a column of the padding mask: copied, as above
         return None
 
 

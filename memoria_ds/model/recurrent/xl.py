@@ -33,6 +33,7 @@ from torch import Tensor
 
 from ...rows import BatchRows, rows_field
 from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead, check_format
+from .read_copy import held
 from .saved_state import BOOL, FLOATS, INT64, SavedState, backbone_sizes
 
 
@@ -207,6 +208,7 @@ class XLKind(MemoryKind):
 
     def read(self, memory: XLMemory, dtype: torch.dtype, abstractor: Any) -> tuple[XLRead, None]:
         cfg = self.config
+        memory = held(memory)  # the write overwrites the memory in place; the backward needs what was read
         offset = None
         if cfg.position_banks > 1:  # this segment's bank: the other one than the cached segment's
             offset = (memory.segments % cfg.position_banks) * cfg.positions_per_segment
@@ -216,7 +218,7 @@ class XLKind(MemoryKind):
         return self.config.xl_memory_length or segment_length
 
     def frozen_read(self, memory: XLMemory, dtype: torch.dtype, abstractor: Any) -> XLRead:
-        return self.read(memory, dtype, abstractor)[0]  # reading changes nothing; a write replaces the tensors
+        return self.read(memory, dtype, abstractor)[0]  # the read holds copies (`read_copy.held`): a later write leaves it
 
     def write(
         self, memory: XLMemory, read: XLRead, pending: None, writes: BlockWrites, hidden: Tensor, valid: Tensor
@@ -227,10 +229,11 @@ class XLKind(MemoryKind):
             old_k, old_v = read.layer_kv(i)
             rolled_k.append(roll_memory(old_k, memory.mask, k, valid, length))
             rolled_v.append(roll_memory(old_v, memory.mask, v, valid, length)[0])
-        memory.keys = torch.stack([k for k, _ in rolled_k], dim=1)  # (B, Y, H, M, hd)
-        memory.values = torch.stack(rolled_v, dim=1)
-        memory.mask = rolled_k[0][1].contiguous()  # not a view of the cat: every step's mask has the same strides
-        memory.segments = memory.segments + 1
+        # in place: the memory keeps its addresses (a CUDA graph replays over it)
+        memory.store_(keys=torch.stack([k for k, _ in rolled_k], dim=1),  # (B, Y, H, M, hd)
+                      values=torch.stack(rolled_v, dim=1),
+                      mask=rolled_k[0][1].contiguous(),  # not a view of the cat: the same strides every step
+                      segments=memory.segments + 1)
         return None
 
 
