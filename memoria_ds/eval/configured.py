@@ -120,7 +120,8 @@ def train_datastore(model: Any, corpus: Any, settings: KNNLMSettings, *, segment
                           tail="pad")
     policy = protocol_from_name("full", segment_length, streams, reset).reset
     store = build_datastore(model, reader, settings, reset=policy, device=device, max_entries=max_entries)
-    return store if settings.index == "exact" else index_datastore(store, settings.index, settings.nprobe)
+    return store if settings.index == "exact" else index_datastore(store, settings.index, settings.nprobe,
+                                                                          settings.index_distances)
 
 
 def describe(result: EvalResult) -> tuple[str, dict[str, float]]:

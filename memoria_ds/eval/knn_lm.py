@@ -13,7 +13,9 @@ is never a candidate), and optionally a shared datastore built from the training
 (`build_datastore`). The search is exact (squared L2, which the paper's FAISS index
 approximates); the shared store can instead be searched through a FAISS index
 (`index_datastore`, `KNNLMSettings.index`): its top k per position join the exact
-candidates of the stream. A position with no candidate (the first token after a reset) is
+candidates of the stream, scored by their exact distances from the full-precision keys (as the
+authors' code does by default, `knnlm.py`'s `dist_func`) or, with `index_distances="index"`, by
+the index's own quantised estimates (their `--no-load-keys --knn-sim-func do_not_recomp_l2`). A position with no candidate (the first token after a reset) is
 scored by the model alone.
 
 The model is not branched: the key is read by a forward hook on the GPT-2 module that
@@ -63,6 +65,9 @@ class KNNLMSettings:
             `index_factory` string (e.g. `IVF4096,PQ64`, the authors' index; `Flat` is exact
             search through FAISS). The stream datastores are always searched exactly.
         nprobe: inverted lists probed per query by an `IVF` index (the paper's 32).
+        index_distances: how an index's neighbours are scored: `exact` (their squared distances
+            recomputed from the full-precision keys: the authors' default) or `index` (the
+            index's estimates, e.g. a product quantiser's; less memory, the authors' faster option).
     """
 
     k: int = setting(1024, least=1)
@@ -72,6 +77,7 @@ class KNNLMSettings:
     max_entries: int | None = setting(None, least=1, none="no cap")
     index: str = "exact"
     nprobe: int = setting(32, least=1)
+    index_distances: Literal["exact", "index"] = "exact"
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -80,7 +86,8 @@ class KNNLMSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return {"k": self.k, "lmbda": self.lmbda, "temperature": self.temperature, "key": self.key,
-                "max_entries": self.max_entries, "index": self.index, "nprobe": self.nprobe}
+                "max_entries": self.max_entries, "index": self.index, "nprobe": self.nprobe,
+                "index_distances": self.index_distances}
 
 
 @dataclass
@@ -199,10 +206,13 @@ class IndexedDatastore:
     Attributes:
         index: the FAISS index over the entries' keys (entry i is id i).
         values: (N,) int64, the token that followed each key.
+        keys: (N, D) float32 full-precision keys (entry i's), to score the index's neighbours by
+            their exact distances; None: by the index's estimates.
     """
 
     index: Any
     values: Tensor
+    keys: Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -219,8 +229,9 @@ class IndexedDatastore:
             queries: (B, L, D).
 
         Returns:
-            dist: (B, L, K) float32 squared distances (as the index estimates them); values:
-            (B, L, K) int64; found: (B, L, K) bool, False where the index returned fewer than K.
+            dist: (B, L, K) float32 squared distances (exact, from `keys`; else as the index
+            estimates them); values: (B, L, K) int64; found: (B, L, K) bool, False where the
+            index returned fewer than K.
         """
         B, L, D = queries.shape
         k = min(k, self.size)
@@ -229,12 +240,17 @@ class IndexedDatastore:
         ids = torch.from_numpy(ids).to(queries.device).view(B, L, k)
         found = ids >= 0
         values = self.values.to(queries.device)[ids.clamp_min(0)]
+        if self.keys is not None:  # the neighbours' exact distances (the index only picked them)
+            near = self.keys.to(queries.device)[ids.clamp_min(0)]  # (B, L, K, D)
+            dist = (queries.detach().float()[:, :, None, :] - near).pow(2).sum(-1)  # (B, L, K)
         return dist.clamp_min(0.0), values, found
 
 
-def index_datastore(store: Datastore, factory: str, nprobe: int = 32) -> IndexedDatastore:
+def index_datastore(store: Datastore, factory: str, nprobe: int = 32, distances: str = "exact") -> IndexedDatastore:
     """`store` (one row, e.g. `build_datastore`'s) indexed by FAISS's `index_factory(D, factory)`,
     trained on its own keys where the index needs training (IVF centroids, product quantisers).
+    `distances`: `exact` keeps the full-precision keys to score the neighbours the index finds
+    (`KNNLMSettings.index_distances`); `index` scores them by the index's estimates.
 
     FAISS's k-means is seeded, so every rank builds the same index from the same store.
     """
@@ -253,7 +269,10 @@ def index_datastore(store: Datastore, factory: str, nprobe: int = 32) -> Indexed
     index.add(keys)
     if "IVF" in factory:
         faiss.ParameterSpace().set_index_parameter(index, "nprobe", nprobe)
-    return IndexedDatastore(index, store.values[0][valid].detach().to(torch.int64).cpu())
+    if distances not in ("exact", "index"):
+        raise ValueError(f"kNN-LM `index_distances` must be 'exact' or 'index', got {distances!r}")
+    full = torch.from_numpy(keys) if distances == "exact" else None  # (N, D) float32, entry i's
+    return IndexedDatastore(index, store.values[0][valid].detach().to(torch.int64).cpu(), full)
 
 
 def reset_rows(store: Datastore, reset: Tensor) -> Datastore:

@@ -426,6 +426,8 @@ class KNNLMSection(Section):
         index: how the training-text datastore is searched: `exact`, or a FAISS
             `index_factory` string (`IVF4096,PQ64`: the authors' index; needs faiss-cpu).
         nprobe: inverted lists an `IVF` index probes per query (the paper's: 32).
+        index_distances: `exact` (the index's neighbours scored by their exact distances from the
+            full-precision keys: the authors' default) or `index` (by the index's estimates).
     """
 
     enabled: bool = False
@@ -439,6 +441,7 @@ class KNNLMSection(Section):
     train_streams: int = 8
     index: str = "exact"
     nprobe: int = 32
+    index_distances: Literal["exact", "index"] = "exact"
 
     @model_validator(mode="after")
     def check(self):
@@ -460,7 +463,8 @@ class KNNLMSection(Section):
         from ..eval.knn_lm import KNNLMSettings
 
         return KNNLMSettings(k=self.k, lmbda=self.lmbda, temperature=self.temperature, key=self.key,
-                             max_entries=self.max_entries, index=self.index, nprobe=self.nprobe)
+                             max_entries=self.max_entries, index=self.index, nprobe=self.nprobe,
+                             index_distances=self.index_distances)
 
 
 class EvalSection(Section):

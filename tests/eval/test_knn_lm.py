@@ -411,6 +411,29 @@ def test_an_approximate_index_finds_most_true_neighbours_and_scores_near_the_exa
     assert torch.isfinite(approx_nll).all() and abs(float(approx_nll.mean() - exact_nll.mean())) < 0.1
 
 
+def test_an_index_neighbours_are_scored_by_their_exact_distances_unless_asked_otherwise() -> None:
+    """As the authors' knnlm.py by default: the index only picks the neighbours; their distances are
+    recomputed from the full-precision keys. `index_distances="index"` keeps the quantiser's estimates
+    (their `--no-load-keys --knn-sim-func do_not_recomp_l2`)."""
+    from memoria_ds.eval.knn_lm import index_datastore
+
+    shared = _shared(n=2000)
+    queries = torch.randn(2, 16, 8, generator=torch.Generator().manual_seed(6))
+    exact = index_datastore(shared, "IVF16,PQ4", nprobe=4)
+    quantised = index_datastore(shared, "IVF16,PQ4", nprobe=4, distances="index")
+    assert exact.keys is not None and quantised.keys is None
+    dist, values, found = exact.search(queries, 10)
+    est, values_q, found_q = quantised.search(queries, 10)
+    _, ids = exact.index.search(queries.reshape(-1, 8).numpy(), 10)
+    ids = torch.from_numpy(ids).view(2, 16, 10)
+    assert bool(found.all()) and torch.equal(values, values_q) and torch.equal(found, found_q)
+    want = (queries[:, :, None, :] - shared.keys[0][ids]).pow(2).sum(-1)  # a plain loop's arithmetic, per pair
+    torch.testing.assert_close(dist, want, rtol=1e-5, atol=1e-5)
+    assert (est - want).abs().max() > 1e-2  # a 4-byte code of 8 floats: the estimates are not the distances
+    with pytest.raises(ValueError, match="index_distances"):
+        KNNLMSettings(index="IVF16,PQ4", index_distances="approximate")
+
+
 def squared_distances_of(queries, store):
     from memoria_ds.eval.knn_lm import squared_distances
 
