@@ -243,7 +243,7 @@ class ProductKeyMemory(nn.Module):
         query = F.dropout(query, p=self.query_dropout, training=self.training)
         N = query.shape[0]
         scores, indices = self.lookup(query.view(N, self.heads, self.k_dim))  # (N, H, k) twice
-        weights = F.softmax(scores.float(), dim=-1)  # (N, H, k), in float32 as XLM
+        weights = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))  # (N, H, k)
         out = self.values(indices.reshape(N, -1),  # (N, H k): the heads' slots in one bag, summed
                           per_sample_weights=weights.reshape(N, -1).to(self.values.weight.dtype))  # (N, D)
         out = F.dropout(out.to(x.dtype), p=self.value_dropout, training=self.training)

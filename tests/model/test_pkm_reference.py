@@ -8,7 +8,9 @@ outputs were recorded once, for a deterministic state dict drawn from a seed
 (`reference_weights`, names and shapes the reference's), in float64, and committed as
 `pkm_reference_outputs.json`: the output in training mode (batch statistics), the running
 statistics it leaves, the gradients of a fixed projection of that output (input, query
-network, sub-keys, values), and the output in evaluation mode (running statistics).
+network, sub-keys, values), and the output in evaluation mode (running statistics). The
+running statistics agree to float64 rounding; the rest to the reference's float32 softmax
+(`ATOL`).
 
 To regenerate (needs torch and numpy; the reference's package `__init__`s are skipped, so
 nothing else of XLM is imported but `xlm/utils.py` and `xlm/logger.py`):
@@ -36,8 +38,10 @@ GOLDEN = Path(__file__).with_name("pkm_reference_outputs.json")
 # keys per head, a query network of one linear layer, softmax scores, no dropout)
 TINY = dict(input_dim=8, mem_n_keys=6, mem_heads=2, mem_knn=3, mem_k_dim=4, mem_query_batchnorm=True)
 WEIGHT_SEED, INPUT_SEED, BATCH, LENGTH = 51, 1051, 2, 5
-# float64 on both sides; the same selections, sums in another order
-ATOL = 1e-12
+# float64 on both sides, the same top-k selections; but the reference takes its softmax in float32
+# whatever the input's dtype (`scores.float()`), ours in float64 here (float32 or wider: the same
+# in float32 and bf16 runs), which moves outputs and gradients by up to ~2e-6 at these sizes
+ATOL = 1e-5
 # reference name -> ours
 NAMES = {
     "query_proj.query_mlps.0.weight": "query.weight",
@@ -95,7 +99,8 @@ def run(layer: torch.nn.Module, query_weight: torch.Tensor) -> dict[str, list]:
     (out * projection).sum().backward()
     params = dict(layer.named_parameters())
     norm = {k: v for k, v in layer.state_dict().items() if k.endswith(("running_mean", "running_var"))}
-    record = {"train_output": out.tolist(), "grad_input": x.grad.tolist(), "grad_query_weight": query_weight.grad.tolist()}
+    record = {"train_output": out.tolist(), "grad_input": x.grad.tolist(),
+              "grad_query_weight": query_weight.grad.tolist()}
     record["grad_keys"] = params["keys"].grad.tolist()
     record["grad_values"] = params["values.weight"].grad.tolist()
     record["running_mean"], record["running_var"] = [v.tolist() for k, v in sorted(norm.items())]
@@ -137,10 +142,10 @@ def test_every_reference_parameter_has_one_of_ours(golden):
 
 
 def test_a_changed_weight_changes_the_output(golden):
-    """The comparison is sensitive: one sub-key off by 1e-6 moves the output past ATOL."""
+    """The comparison is sensitive: one sub-key off by 1e-2 moves the output past 100 ATOL."""
     layer = ours(golden)
     with torch.no_grad():
-        layer.keys[1, 0, 2, 1] += 1e-6
+        layer.keys[1, 0, 2, 1] += 1e-2
     got = torch.tensor(run(layer, layer.query.weight)["train_output"], dtype=torch.float64)
     assert (got - torch.tensor(golden["train_output"], dtype=torch.float64)).abs().max() > 100 * ATOL
 
