@@ -168,6 +168,10 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
         """The PKM layers (`config.pkm_layers`), in block order."""
         return [b.pkm for b in self.memory_blocks if b.pkm is not None]
 
+    def pkm_value_parameters(self) -> list[nn.Parameter]:
+        """The PKM layers' value tables: the optimiser gives them a group of their own (`optim.pkm_value_lr`)."""
+        return [m.values.weight for m in self.pkm_modules()]
+
     @property
     def kind_module(self) -> nn.Module | None:
         """The module the memory kind reads with: Memoria's abstractor, the kind's `memory_net`, or None."""

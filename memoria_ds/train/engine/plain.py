@@ -31,7 +31,8 @@ class TorchEngine(TrainEngine):
             raise ValueError("the plain-PyTorch engine supports fp32 and bf16; use DeepSpeed for fp16")
         self.module = model.to(device)
         self.device = device
-        groups = param_groups(model, optim.weight_decay, optim.lr, optim.memory_lr_scale, optim.memory_delay_steps)
+        groups = param_groups(model, optim.weight_decay, optim.lr, optim.memory_lr_scale, optim.memory_delay_steps,
+                              optim.pkm_value_lr)
         self.optimizer = torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, group_schedules(model, optim, total_steps))
         self.grad_clip, self.grad_accum = optim.grad_clip, optim.grad_accum
