@@ -17,8 +17,8 @@ hooks, peft's LoRA layers and HF's weight names are untouched. `MemoryBlock` is 
 `GradientCheckpointingLayer`: `model.gradient_checkpointing_enable()` checkpoints it, and
 since the memory step (remind before the blocks, memorize after) lies outside it, the
 recompute in backward never touches the memory. What the engrams' reads attended with and the keys/values
-that Transformer-XL caches are *returned* (never stored as a side effect), so a
-recompute cannot double-count them.
+that Transformer-XL caches, and a PKM layer's query batch statistics, are *returned* (never
+stored as a side effect), so a recompute cannot double-count them.
 """
 
 from __future__ import annotations
@@ -141,7 +141,9 @@ class MemoryBlock(GradientCheckpointingLayer):
             inputs: the per-forward inputs.
 
         Returns:
-            hidden (B, L, D); what this block's read of the reminded engrams attended with
+            hidden (B, L, D); the PKM layer's query batch statistics (training; the model applies
+            them once, `ProductKeyMemory.update_running`, so a recompute does not) or None;
+            what this block's read of the reminded engrams attended with
             (`RemindedRead`: their contribution is computed for all blocks at once) or None;
             this segment's keys and values (B, H, L, hd) if
             `inputs.collect_kv`, else None.
@@ -178,17 +180,19 @@ class MemoryBlock(GradientCheckpointingLayer):
             reminded = reminded_read(block, heads, memory_keys, inputs.memory)
         if self.memory_attention is not None:
             hidden, reminded = self.memory_attention(hidden, engrams, inputs.memory)
-        residual = hidden
+        residual, pkm_stats = hidden, None
         if self.pkm_replaces_mlp:  # the paper's: the memory in place of the feed-forward network
-            hidden = residual + self.pkm(block.ln_2(hidden), inputs.token_mask)
+            read, pkm_stats = self.pkm(block.ln_2(hidden), inputs.token_mask)
+            hidden = residual + read
         else:
             hidden = residual + block.mlp(block.ln_2(hidden))
             if self.pkm is not None:  # after the MLP, read through its own layer norm
-                hidden = hidden + self.pkm(hidden, inputs.token_mask)
+                read, pkm_stats = self.pkm(hidden, inputs.token_mask)
+                hidden = hidden + read
         query = heads.detach() if heads is not None and inputs.collect_queries else None
         if inputs.collect_kv and kv is not None and kv.current is not None:
-            return hidden, reminded, kv.current[0].detach(), kv.current[1].detach(), query, *side
-        return hidden, reminded, None, None, query, *side
+            return hidden, pkm_stats, reminded, kv.current[0].detach(), kv.current[1].detach(), query, *side
+        return hidden, pkm_stats, reminded, None, None, query, *side
 
 
 def engram_key_values(block: GPT2Block, engrams: Tensor) -> tuple[Tensor, Tensor]:

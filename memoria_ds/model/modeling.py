@@ -8,7 +8,7 @@ Contract 2 (docs/design.md):
 One forward is one memory step for all rows at once, the same for every kind of memory
 (the protocol in `recurrent/base.py`; one file per kind in `recurrent/`):
 
-    prepare (fresh / reset rows) -> read -> embed -> blocks -> ln_f -> write -> loss
+    prepare (fresh / reset rows) -> read -> embed -> blocks -> (PKM running statistics) -> ln_f -> write -> loss
 
 The read and the write run outside the (checkpointable) blocks, exactly once per forward.
 The memory is updated in place and returned as `out.memory`.
@@ -277,10 +277,14 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             engram_slots=read.engram_slots,
             token_mask=query_mask,
         )
-        writes = BlockWrites(memory=inputs.memory)
+        writes, pkm_stats = BlockWrites(memory=inputs.memory), []
         for i, (block, layer) in enumerate(zip(self.transformer.h, self.memory_blocks)):
-            hidden, *written = layer(hidden, read.engrams, *read.layer_kv(i), block=block, inputs=inputs)
+            hidden, stats, *written = layer(hidden, read.engrams, *read.layer_kv(i), block=block, inputs=inputs)
             writes.add(*written)
+            pkm_stats.append(stats)
+        for layer, stats in zip(self.memory_blocks, pkm_stats):  # once, outside the checkpointable blocks
+            if layer.pkm is not None:
+                layer.pkm.update_running(stats)
         hidden = self.transformer.ln_f(hidden)  # (B, L, D)
 
         logits = self.lm_head(slice_logits_to_keep(hidden, logits_to_keep))  # (B, L, V)

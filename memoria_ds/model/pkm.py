@@ -112,18 +112,30 @@ class MaskedBatchNorm1d(nn.BatchNorm1d):
     """`nn.BatchNorm1d` over (N, F) whose training statistics are those of the valid rows only.
 
     In training, the mean and the (biased) variance that normalise every row are taken over
-    the rows where `valid` is True, and the running statistics move towards them (momentum,
-    unbiased variance: as `nn.BatchNorm1d`), unless fewer than two rows are valid (then they
-    stay). With every row valid this is `nn.BatchNorm1d`'s training step. In evaluation every
-    row is normalised by the running statistics. Statistics are computed in float32 (or x's
-    dtype if wider). No host
-    synchronisation: the count of valid rows stays a tensor.
+    the rows where `valid` is True, and returned (with the unbiased variance and the count) for
+    `update_running` to move the running statistics towards (momentum, as `nn.BatchNorm1d`),
+    unless fewer than two rows are valid (then they stay). The statistics are *returned*, not
+    applied as a side effect, so that a block recomputed under activation checkpointing does not
+    move them twice (the model applies them once, after its blocks). With every row valid a
+    forward and its update are `nn.BatchNorm1d`'s training step. In evaluation every row is
+    normalised by the running statistics. Statistics are computed in float32 (or x's dtype if
+    wider). No host synchronisation: the count of valid rows stays a tensor.
     """
 
-    def forward(self, x: Tensor, valid: Tensor | None = None) -> Tensor:  # type: ignore[override]
-        """x (N, F); valid (N,) bool or None (every row). Returns (N, F) in x's dtype."""
+    def forward(self, x: Tensor, valid: Tensor | None = None) -> tuple[Tensor, Tensor | None]:  # type: ignore[override]
+        """Normalise.
+
+        Args:
+            x: (N, F).
+            valid: (N,) bool, or None (every row).
+
+        Returns:
+            (N, F) in x's dtype; in training the statistics (2 F + 1,) for `update_running`
+            (the mean, the unbiased variance, the count of valid rows), else None.
+        """
         if not self.training:
-            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
+            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0,
+                                self.eps), None
         dtype = torch.promote_types(x.dtype, torch.float32)  # at least float32
         xf = x.to(dtype)  # (N, F)
         w = (valid.reshape(-1, 1).to(dtype) if valid is not None
@@ -134,17 +146,26 @@ class MaskedBatchNorm1d(nn.BatchNorm1d):
         y = (xf - mean) * torch.rsqrt(var + self.eps)
         if self.weight is not None:
             y = y * self.weight.to(dtype) + self.bias.to(dtype)
-        with torch.no_grad():
-            rate = (n > 1).to(self.running_mean.dtype) * self.momentum  # 0: too few rows to estimate
-            unbiased = var * n / (n - 1).clamp(min=1)
-            self.running_mean.lerp_(mean.to(self.running_mean.dtype), rate)
-            self.running_var.lerp_(unbiased.to(self.running_var.dtype), rate)
-            self.num_batches_tracked.add_(1)
-        return y.to(x.dtype)
+        unbiased = var * n / (n - 1).clamp(min=1)
+        stats = torch.cat([mean, unbiased, n[None]]).detach()  # (2 F + 1,)
+        return y.to(x.dtype), stats
+
+    @torch.no_grad()
+    def update_running(self, stats: Tensor) -> None:
+        """Move the running statistics towards a training forward's `stats` (unchanged if it had
+        fewer than 2 valid rows)."""
+        f = self.num_features
+        mean, unbiased, n = stats[:f], stats[f:2 * f], stats[2 * f]
+        rate = (n > 1).to(self.running_mean.dtype) * self.momentum  # 0: too few rows to estimate
+        self.running_mean.lerp_(mean.to(self.running_mean.dtype), rate)
+        self.running_var.lerp_(unbiased.to(self.running_var.dtype), rate)
+        self.num_batches_tracked.add_(1)
 
 
 class ProductKeyMemory(nn.Module):
-    """One PKM layer: (..., D) -> (..., D), per token.
+    """One PKM layer: (..., D) -> (..., D), per token. Its forward returns the query batch norm's
+    statistics with the output; `update_running(stats)` applies them (the model does, once per
+    forward, outside its checkpointable blocks).
 
     Parameters (names as XLM's where they exist): `query` (Linear D -> H K), `query_norm`
     (`MaskedBatchNorm1d` over H K features, or None), `keys` (H, 2, n, h) sub-keys, `values`
@@ -221,7 +242,7 @@ class ProductKeyMemory(nn.Module):
         scores, pick = pair_scores.reshape(N, H, k * k).topk(k, dim=-1)  # (N, H, k)
         return scores, pair_index.reshape(N, H, k * k).gather(-1, pick)  # (N, H, k) twice
 
-    def forward(self, x: Tensor, valid: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, valid: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Read the memory for every token.
 
         Args:
@@ -230,16 +251,17 @@ class ProductKeyMemory(nn.Module):
                 skip the others), or None (every token is real).
 
         Returns:
-            (..., D) in x's dtype.
+            (..., D) in x's dtype, and (in training, with the query batch norm) the batch
+            statistics for `update_running`, else None.
         """
         shape = x.shape
         x = x.reshape(-1, self.dim)  # (N, D)
         if self.input_norm is not None:
             x = self.input_norm(x)
         x = F.dropout(x, p=self.input_dropout, training=self.training)
-        query = self.query(x)  # (N, H K)
+        query, stats = self.query(x), None  # (N, H K)
         if self.query_norm is not None:
-            query = self.query_norm(query, valid.reshape(-1) if valid is not None else None)
+            query, stats = self.query_norm(query, valid.reshape(-1) if valid is not None else None)
         query = F.dropout(query, p=self.query_dropout, training=self.training)
         N = query.shape[0]
         scores, indices = self.lookup(query.view(N, self.heads, self.k_dim))  # (N, H, k) twice
@@ -247,7 +269,12 @@ class ProductKeyMemory(nn.Module):
         out = self.values(indices.reshape(N, -1),  # (N, H k): the heads' slots in one bag, summed
                           per_sample_weights=weights.reshape(N, -1).to(self.values.weight.dtype))  # (N, D)
         out = F.dropout(out.to(x.dtype), p=self.value_dropout, training=self.training)
-        return out.view(shape)
+        return out.view(shape), stats
+
+    def update_running(self, stats: Tensor | None) -> None:
+        """Apply a training forward's batch statistics to the query batch norm's running ones (once per forward)."""
+        if stats is not None and self.query_norm is not None:
+            self.query_norm.update_running(stats)
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, k_dim={self.k_dim}, n_keys={self.n_keys}, knn={self.knn}"

@@ -34,6 +34,13 @@ def layer(settings: PKMSettings = TINY, dim: int = 7, seed: int = 0) -> ProductK
     return pkm
 
 
+def read(pkm: ProductKeyMemory, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """The layer's output, its batch statistics applied as the model applies them."""
+    out, stats = pkm(x, valid)
+    pkm.update_running(stats)
+    return out
+
+
 def slow_reference(pkm: ProductKeyMemory, x: torch.Tensor) -> torch.Tensor:
     """The layer written out: every one of the n^2 full keys [C1[i], C2[j]] scored per token and
     head, the exact top-k by sorting all of them, a softmax over the kept scores, the weighted sum
@@ -68,7 +75,7 @@ def slow_reference(pkm: ProductKeyMemory, x: torch.Tensor) -> torch.Tensor:
 def test_the_layer_equals_the_slow_exact_reference(settings, mode):
     pkm = layer(settings).train(mode == "train")
     x = torch.randn(3, 4, 7, dtype=torch.float64, requires_grad=True)
-    got, want = pkm(x), slow_reference(pkm, x)
+    got, want = read(pkm, x), slow_reference(pkm, x)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     g = torch.randn_like(want)
     grads = torch.autograd.grad((got * g).sum(), [x, *pkm.parameters()])
@@ -80,15 +87,23 @@ def test_the_layer_equals_the_slow_exact_reference(settings, mode):
 def test_the_masked_batch_norm_is_batch_norm_when_every_row_is_real():
     torch.manual_seed(0)
     ours, torchs = MaskedBatchNorm1d(5).double(), torch.nn.BatchNorm1d(5).double()
+
+    def step(x, valid=None):
+        y, stats = ours(x, valid)
+        ours.update_running(stats)
+        return y
+
     for _ in range(3):
         x = torch.randn(9, 5, dtype=torch.float64)
-        torch.testing.assert_close(ours(x), torchs(x), rtol=0, atol=1e-14)
-        torch.testing.assert_close(ours(x, torch.ones(9, dtype=torch.bool)), torchs(x * 1), rtol=0, atol=1e-14)
+        torch.testing.assert_close(step(x), torchs(x), rtol=0, atol=1e-14)
+        torch.testing.assert_close(step(x, torch.ones(9, dtype=torch.bool)), torchs(x * 1), rtol=0, atol=1e-14)
     for name in ("running_mean", "running_var", "num_batches_tracked"):
         torch.testing.assert_close(getattr(ours, name), getattr(torchs, name), rtol=0, atol=1e-14)
     ours.eval(), torchs.eval()
     x = torch.randn(4, 5, dtype=torch.float64)
-    torch.testing.assert_close(ours(x), torchs(x), rtol=0, atol=1e-14)
+    y, stats = ours(x)
+    assert stats is None
+    torch.testing.assert_close(y, torchs(x), rtol=0, atol=1e-14)
 
 
 def test_padding_changes_neither_the_real_tokens_outputs_nor_the_batch_statistics():
@@ -100,14 +115,14 @@ def test_padding_changes_neither_the_real_tokens_outputs_nor_the_batch_statistic
     valid = torch.ones(3, 6, dtype=torch.bool)
     valid[0, 4:], valid[2, 1:] = False, False  # rows ending inside the segment
     padded = torch.where(valid[..., None], x, 1e3 * torch.randn_like(x))  # padding holds anything
-    got = pkm_a(padded, valid)
-    alone = pkm_b(x[valid])  # (real tokens, D): no padding at all
+    got = read(pkm_a, padded, valid)
+    alone = read(pkm_b, x[valid])  # (real tokens, D): no padding at all
     torch.testing.assert_close(got[valid], alone, rtol=0, atol=1e-12)
     for name in ("running_mean", "running_var"):
         torch.testing.assert_close(getattr(pkm_a.query_norm, name), getattr(pkm_b.query_norm, name), rtol=0, atol=1e-12)
     # without the mask the padding would move them (the check can fail)
     pkm_c = layer().train()
-    assert (pkm_c(padded)[valid] - alone).abs().max() > 1e-3
+    assert (read(pkm_c, padded)[valid] - alone).abs().max() > 1e-3
 
 
 def test_a_batch_with_one_real_token_leaves_the_running_statistics():
@@ -115,7 +130,7 @@ def test_a_batch_with_one_real_token_leaves_the_running_statistics():
     before = pkm.query_norm.running_var.clone()
     valid = torch.zeros(2, 3, dtype=torch.bool)
     valid[1, 0] = True
-    out = pkm(torch.randn(2, 3, 7, dtype=torch.float64), valid)
+    out = read(pkm, torch.randn(2, 3, 7, dtype=torch.float64), valid)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(pkm.query_norm.running_var, before, rtol=0, atol=0)
 
@@ -129,13 +144,13 @@ def test_in_evaluation_a_token_depends_on_itself_alone_and_in_training_on_the_ba
     changed = x.clone()
     changed[1, 4] += 1.0
     for pkm in (layer().eval(), layer(PKMSettings(n_keys=5, heads=2, knn=3, k_dim=6, query_batchnorm=False)).train()):
-        a, b = pkm(x), pkm(changed)
+        a, b = read(pkm, x), read(pkm, changed)
         keep = torch.ones(2, 6, dtype=torch.bool)
         keep[1, 4] = False
         torch.testing.assert_close(a[keep], b[keep], rtol=0, atol=0)
         assert (a[1, 4] - b[1, 4]).abs().max() > 1e-6
     pkm = layer().train()
-    a, b = pkm(x), pkm(changed)
+    a, b = read(pkm, x), read(pkm, changed)
     assert (a[1, :4] - b[1, :4]).abs().max() > 1e-9  # the batch statistics carry a later token back
 
 
@@ -205,6 +220,24 @@ def test_a_model_with_pkm_layers_trains_and_round_trips(make_model, tmp_path, pr
         b, _ = run_stream(loaded, segments(count=2, seed=5))
     for x, y in zip(a, b):
         torch.testing.assert_close(x.logits, y.logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_activation_checkpointing_moves_the_running_statistics_once(make_model, reentrant):
+    """The statistics are returned by the block and applied after it: a recompute in backward (the
+    block runs twice) does not move them again; the gradients are those without checkpointing."""
+    plain = make_model("xl", memory_init="random", pkm_layers=[1], pkm=SMALL).train()
+    checkpointed = make_model("xl", memory_init="random", pkm_layers=[1], pkm=SMALL).train()
+    checkpointed.load_state_dict(plain.state_dict())
+    checkpointed.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+    x = segments(count=1)[0]
+    for model in (plain, checkpointed):
+        model(x, labels=x).loss.backward()
+    for name, buffer in plain.named_buffers():
+        torch.testing.assert_close(checkpointed.get_buffer(name), buffer, rtol=0, atol=0, msg=name)
+    assert int(checkpointed.memory_blocks[1].pkm.query_norm.num_batches_tracked) == 1
+    for (name, p), q in zip(plain.named_parameters(), checkpointed.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
 def test_a_model_reads_a_position_after_it_never(make_model):

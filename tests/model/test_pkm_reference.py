@@ -96,6 +96,9 @@ def run(layer: torch.nn.Module, query_weight: torch.Tensor) -> dict[str, list]:
     x.requires_grad_(True)
     layer.train()
     out = layer(x)
+    if isinstance(layer, ProductKeyMemory):  # ours returns the batch statistics for the model to apply
+        out, stats = out
+        layer.update_running(stats)
     (out * projection).sum().backward()
     params = dict(layer.named_parameters())
     norm = {k: v for k, v in layer.state_dict().items() if k.endswith(("running_mean", "running_var"))}
@@ -106,7 +109,8 @@ def run(layer: torch.nn.Module, query_weight: torch.Tensor) -> dict[str, list]:
     record["running_mean"], record["running_var"] = [v.tolist() for k, v in sorted(norm.items())]
     layer.eval()
     with torch.no_grad():
-        record["eval_output"] = layer(x.detach()).tolist()
+        out = layer(x.detach())
+        record["eval_output"] = (out[0] if isinstance(layer, ProductKeyMemory) else out).tolist()
     return record
 
 
