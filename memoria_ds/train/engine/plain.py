@@ -71,9 +71,9 @@ class TorchEngine(TrainEngine):
         target = Path(directory) / tag
         target.mkdir(parents=True, exist_ok=True)
         module = {k: v for k, v in self.module.state_dict().items()}
-        if exclude_frozen:
-            trainable = {n for n, p in self.module.named_parameters() if p.requires_grad}
-            module = {k: v for k, v in module.items() if k in trainable}
+        if exclude_frozen:  # frozen weights (tied names too) are the backbone's; buffers (running statistics) stay
+            frozen = {n for n, p in self.module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+            module = {k: v for k, v in module.items() if k not in frozen}
         save_tree({"module": module, "optimizer": self.optimizer.state_dict(),
                    "scheduler": self.scheduler.state_dict()}, target / ENGINE_FILE)
 
