@@ -167,7 +167,8 @@ class ProductKeyMemory(nn.Module):
     statistics with the output; `update_running(stats)` applies them (the model does, once per
     forward, outside its checkpointable blocks).
 
-    Parameters (names as XLM's where they exist): `query` (Linear D -> H K), `query_norm`
+    Parameters (`keys` and `values` as XLM names them; `tests/model/test_pkm_reference.py` maps
+    the rest): `query` (Linear D -> H K), `query_norm`
     (`MaskedBatchNorm1d` over H K features, or None), `keys` (H, 2, n, h) sub-keys, `values`
     (`EmbeddingBag` of S slots of width D, mode "sum"), `input_norm` (a LayerNorm, only when
     the layer is placed after a block's MLP: the pre-layer-norm a GPT-2 sub-layer reads through).
