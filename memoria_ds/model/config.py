@@ -24,6 +24,10 @@ naming its key (`memory_settings.num_slots`, `memoria.num_wm`, `engram_loss`).
 configuration calls it when it loads); what depends on the backbone's shape is checked when
 the config is built (`validate_architecture`).
 
+Product-Key Memory layers (`pkm_layers`, sized by `pkm`; `model/pkm.py`) are an option any
+kind may carry: they replace (or follow) the MLP of the chosen blocks and carry nothing
+across segments.
+
 `PRESETS` names the configurations that the paper compares, so every comparison runs
 through the same model class, launcher and evaluation.
 """
@@ -39,6 +43,7 @@ from transformers import GPT2Config
 
 from ..memory import COMPILE_MODES, MemoriaConfig
 from ..setting_rules import Rule, SettingError
+from .pkm import PKMSettings
 
 MEMORY_TYPES = ("none", "xl", "memoria", "compressive", "infinity", "memorizing", "mosaic", "memformer")  # mosaic: Memory Mosaics only (model/mosaic/)
 # kinds that cache keys/values at the positions they were computed at (`xl_positions` applies)
@@ -86,8 +91,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 # The memory settings only some kinds read (`MemoriaGPT2Config` fields); given to a model of
 # another kind they change nothing, and a run says so (`idle_settings`). Fields every kind may
-# read (`memory_type`, `segment_length`, `memory_init`) and a kind's own `memory_settings`
-# (validated by that kind) are not listed.
+# read (`memory_type`, `segment_length`, `memory_init`, the PKM layers' `pkm_layers` and `pkm`) and a
+# kind's own `memory_settings` (validated by that kind) are not listed.
 SETTINGS_OF_KIND: dict[str, frozenset[str]] = {
     "none": frozenset(),
     "xl": frozenset({"xl_memory_length", "xl_positions"}),
@@ -139,6 +144,7 @@ SETTING_RULES: dict[str, Rule] = {
     "pmem_count": Rule(int, least=1),
     "bias": Rule(bool),
     "mosaic_memory_length": Rule(int, least=1, optional=True, none="one segment"),
+    "pkm_layers": Rule(list, least=0, what="a list of block indices", optional=True, none="no PKM layer"),
     **{name: Rule(int, least=1) for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")},
     "n_inner": Rule(int, least=1, optional=True, none="4 * n_embd"),
     **{name: Rule(float, least=0, below=1) for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop",
@@ -167,6 +173,21 @@ def check_memory_values(values: Mapping[str, Any]) -> None:
     if values.get("engram_bias") is not None and read != "self_attention":
         raise SettingError("engram_bias", "biases the engram slots of `memory_read='self_attention'`; set that, or "
                            "leave `engram_bias` unset")
+    resolve_pkm(values.get("pkm_layers"), values.get("pkm"))
+
+
+def resolve_pkm(pkm_layers: list[int] | None, pkm: Any) -> dict[str, Any] | None:
+    """The `pkm` setting with every size resolved (`pkm.PKMSettings`), or None when there is no PKM layer.
+
+    Raises:
+        SettingError: `pkm` given without `pkm_layers`, or a bad size (keyed `pkm.<name>`).
+    """
+    if not pkm_layers:
+        if pkm:
+            raise SettingError("pkm", f"({pkm!r}) sizes the PKM layers of `pkm_layers`, which names none; set "
+                               f"`pkm_layers` (e.g. [1]) or remove `pkm`")
+        return None
+    return PKMSettings.from_dict(dict(pkm) if isinstance(pkm, Mapping) else {} if pkm is None else pkm).to_dict()
 
 
 def _resolved_memoria(memoria: Any) -> dict[str, Any]:
@@ -257,6 +278,13 @@ class MemoriaGPT2Config(GPT2Config):
             (`memoria_ds.memory.COMPILE_MODES`: "default", or "reduce-overhead" for CUDA
             graphs on a GPU): the engine's remind and memorize each run as one compiled
             graph, the same computation (`memoria_ds.memory.MemoryEngine`).
+        pkm_layers: blocks (0-based) that get a Product-Key Memory layer (`model/pkm.py`;
+            Lample et al. 2019), with any memory kind; None (or empty) = none. It replaces the
+            block's MLP (the block's `mlp` weights are then absent) or follows it, as `pkm`'s
+            `placement` says.
+        pkm: the PKM layers' sizes as a dict of `pkm.PKMSettings` fields (missing ones take the
+            paper's: 512 x 512 keys, 4 heads, knn 32, k_dim 256, query batch norm, replacing the
+            MLP). Stored fully resolved; None when `pkm_layers` names no block.
     """
 
     model_type = "memoria_gpt2"
@@ -278,11 +306,15 @@ class MemoriaGPT2Config(GPT2Config):
     xl_positions: str = "shared"
     segment_length: int | None = None
     memory_compile: str | None = None
+    pkm_layers: list[int] | None = None
+    pkm: dict[str, Any] | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         # resolve the Memoria settings once (capacity included), so config.json is explicit
         self.memoria = _resolved_memoria(self.memoria)
         self.memory_settings = resolve_memory_settings(self.memory_type, self.memory_settings)
+        if self.pkm_layers is None or isinstance(self.pkm_layers, list):  # another type: validation says so
+            self.pkm = resolve_pkm(self.pkm_layers, self.pkm)
         super().__post_init__(**kwargs)
 
     # ------------------------------------------------------------------ validation
@@ -298,6 +330,11 @@ class MemoriaGPT2Config(GPT2Config):
                 settings.check_model(self)
             except SettingError as e:
                 raise e.within("memory_settings") from None
+        if self.pkm_layers:
+            bad = [i for i in self.pkm_layers if not 0 <= i < self.n_layer]
+            if bad or len(set(self.pkm_layers)) != len(self.pkm_layers):
+                raise SettingError("pkm_layers", f"({self.pkm_layers}) must be distinct block indices in "
+                                   f"[0, {self.n_layer}) (the model has {self.n_layer} blocks)")
         if self.memory_layers is not None:
             bad = [i for i in self.memory_layers if not 0 <= i < self.n_layer]
             if bad or len(set(self.memory_layers)) != len(self.memory_layers):
@@ -314,6 +351,17 @@ class MemoriaGPT2Config(GPT2Config):
                                f"{banks}: GPT-2's learned positions (n_positions={self.n_positions}) stop there")
 
     # ------------------------------------------------------------------ derived values
+    @property
+    def pkm_settings(self) -> PKMSettings | None:
+        """The PKM layers' sizes (None: no PKM layer)."""
+        return PKMSettings.from_dict(dict(self.pkm)) if self.pkm_layers and self.pkm is not None else None
+
+    @property
+    def pkm_replaced_mlps(self) -> list[int]:
+        """Blocks whose MLP a PKM layer replaces (their `mlp` weights are absent)."""
+        settings = self.pkm_settings
+        return sorted(self.pkm_layers) if settings is not None and settings.placement == "replace" else []
+
     @property
     def memoria_config(self) -> MemoriaConfig:
         """The Memoria settings as the memory engine's typed config."""
@@ -455,9 +503,12 @@ def _memory_fields() -> set[str]:
         "xl_memory_length",
         "xl_positions",
         "segment_length",
+        "pkm_layers",
+        "pkm",
     }
 
 
 __all__ = ["MemoriaGPT2Config", "PRESETS", "MEMORY_TYPES", "CACHED_KV_TYPES", "KIND_SETTINGS", "SETTINGS_OF_KIND",
            "SETTING_RULES", "idle_settings", "XL_POSITIONS", "resolve_memory_settings", "position_banks",
-           "DEFAULT_MEMORY_WIDTH_RATIO", "resolve_preset", "check_model_settings", "check_memory_values"]
+           "DEFAULT_MEMORY_WIDTH_RATIO", "resolve_preset", "check_model_settings", "check_memory_values",
+           "resolve_pkm"]

@@ -8,15 +8,17 @@ is driven here through its submodules, in HF's own order and arithmetic:
     h = attn(ln_1(h)) + h        # HF's GPT2Attention (SDPA or eager; LoRA-wrapped c_attn/c_proj work);
                                  # or a kind's own in its place (`MemoryRead.block_attention`: `memorizing`)
     h = memory_attention(h, ...) # Memoria only: + WM residual, + M_rem residual
-    h = h + mlp(ln_2(h))         # HF's GPT2MLP
+    h = h + mlp(ln_2(h))         # HF's GPT2MLP; or, in a block of `pkm_layers` (any kind, `model/pkm.py`):
+                                 #   h = h + pkm(ln_2(h))               placement "replace" (no MLP), or
+                                 #   h = h + mlp(ln_2(h)); h = h + pkm(h)   "after" (pkm's own layer norm)
 
 Every parameter is still called through its own module, so ZeRO-3's per-module gather
 hooks, peft's LoRA layers and HF's weight names are untouched. `MemoryBlock` is a
 `GradientCheckpointingLayer`: `model.gradient_checkpointing_enable()` checkpoints it, and
 since the memory step (remind before the blocks, memorize after) lies outside it, the
 recompute in backward never touches the memory. What the engrams' reads attended with and the keys/values
-that Transformer-XL caches are *returned* (never stored as a side effect), so a
-recompute cannot double-count them.
+that Transformer-XL caches, and a PKM layer's query batch statistics, are *returned* (never
+stored as a side effect), so a recompute cannot double-count them.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
 from .config import MemoriaGPT2Config
 from .memory_attention import MemoryAttention, MemoryInputs, RemindedRead
+from .pkm import ProductKeyMemory
 from .recurrent.base import MemoryRead
 from .extended_attention import ExtendedKeyValues
 from .hf_compat import ATTENTION_CACHE, self_attention_with_queries
@@ -53,6 +56,8 @@ class BlockInputs:
         engram_slots: the engrams are key/value slots of every block's self-attention
             (Memoria's `memory_read="self_attention"`; their mask is the attention mask's first
             slots), not read by a memory cross-attention.
+        token_mask: (B, L) bool, True at the segment's real tokens (a PKM layer's query batch
+            norm takes its training statistics over them), or None (every token is real).
     """
 
     attention_mask: Tensor | None
@@ -63,6 +68,7 @@ class BlockInputs:
     side: MemoryRead | None = None
     own_attention: MemoryRead | None = None
     engram_slots: bool = False
+    token_mask: Tensor | None = None
 
 
 class SlotBias(nn.Module):
@@ -80,7 +86,8 @@ class SlotBias(nn.Module):
 
 
 class MemoryBlock(GradientCheckpointingLayer):
-    """The per-block wrapper. It owns only the memory attention (if this block has one).
+    """The per-block wrapper. It owns the memory attention (if this block has one), the engram
+    slots' bias (`engram_bias`) and the PKM layer (a block of `pkm_layers`).
 
     Args:
         config: the model config.
@@ -107,6 +114,9 @@ class MemoryBlock(GradientCheckpointingLayer):
         # `engram_bias` (memory_read="self_attention"): a learned per-head bias on the engram slots' logits
         self.engram_bias = (SlotBias(config.n_head, config.engram_bias)
                             if config.memory_type == "memoria" and config.engram_bias is not None else None)
+        pkm = config.pkm_settings if layer_idx in (config.pkm_layers or ()) else None
+        self.pkm = ProductKeyMemory(config.n_embd, pkm, eps=config.layer_norm_epsilon) if pkm is not None else None
+        self.pkm_replaces_mlp = pkm is not None and pkm.placement == "replace"
 
     def forward(
         self,
@@ -131,7 +141,9 @@ class MemoryBlock(GradientCheckpointingLayer):
             inputs: the per-forward inputs.
 
         Returns:
-            hidden (B, L, D); what this block's read of the reminded engrams attended with
+            hidden (B, L, D); the PKM layer's query batch statistics (training; the model applies
+            them once, `ProductKeyMemory.update_running`, so a recompute does not) or None;
+            what this block's read of the reminded engrams attended with
             (`RemindedRead`: their contribution is computed for all blocks at once) or None;
             this segment's keys and values (B, H, L, hd) if
             `inputs.collect_kv`, else None.
@@ -168,12 +180,19 @@ class MemoryBlock(GradientCheckpointingLayer):
             reminded = reminded_read(block, heads, memory_keys, inputs.memory)
         if self.memory_attention is not None:
             hidden, reminded = self.memory_attention(hidden, engrams, inputs.memory)
-        residual = hidden
-        hidden = residual + block.mlp(block.ln_2(hidden))
+        residual, pkm_stats = hidden, None
+        if self.pkm_replaces_mlp:  # the paper's: the memory in place of the feed-forward network
+            read, pkm_stats = self.pkm(block.ln_2(hidden), inputs.token_mask)
+            hidden = residual + read
+        else:
+            hidden = residual + block.mlp(block.ln_2(hidden))
+            if self.pkm is not None:  # after the MLP, read through its own layer norm
+                read, pkm_stats = self.pkm(hidden, inputs.token_mask)
+                hidden = hidden + read
         query = heads.detach() if heads is not None and inputs.collect_queries else None
         if inputs.collect_kv and kv is not None and kv.current is not None:
-            return hidden, reminded, kv.current[0].detach(), kv.current[1].detach(), query, *side
-        return hidden, reminded, None, None, query, *side
+            return hidden, pkm_stats, reminded, kv.current[0].detach(), kv.current[1].detach(), query, *side
+        return hidden, pkm_stats, reminded, None, None, query, *side
 
 
 def engram_key_values(block: GPT2Block, engrams: Tensor) -> tuple[Tensor, Tensor]:

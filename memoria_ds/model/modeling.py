@@ -8,7 +8,7 @@ Contract 2 (docs/design.md):
 One forward is one memory step for all rows at once, the same for every kind of memory
 (the protocol in `recurrent/base.py`; one file per kind in `recurrent/`):
 
-    prepare (fresh / reset rows) -> read -> embed -> blocks -> ln_f -> write -> loss
+    prepare (fresh / reset rows) -> read -> embed -> blocks -> (PKM running statistics) -> ln_f -> write -> loss
 
 The read and the write run outside the (checkpointable) blocks, exactly once per forward.
 The memory is updated in place and returned as `out.memory`.
@@ -82,7 +82,10 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
 
     Weight names of the backbone are HF's (`transformer.*`, `lm_head.weight`), so any GPT-2
     checkpoint loads by `from_pretrained` (see `build_model`); the new modules are
-    `abstractor.*` and `memory_blocks.{i}.memory_attention.*`.
+    `abstractor.*`, `memory_blocks.{i}.memory_attention.*`, a kind's `memory_net.*` and the
+    PKM layers `memory_blocks.{i}.pkm.*` (`config.pkm_layers`). A PKM layer that replaces a
+    block's MLP removes it: `transformer.h.{i}.mlp` is None, and its weights in a GPT-2
+    checkpoint are ignored on loading.
 
     Args:
         config: a `MemoriaGPT2Config`.
@@ -116,7 +119,11 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
                 style=config.abstractor_style,
             )
         self.memory_net = memory_kind(config).build_module()  # a kind's own weights (e.g. compression), or None
+        for i in config.pkm_replaced_mlps:  # the PKM layer reads ln_2 in its place (layer.py)
+            self.transformer.h[i].mlp = None
         self.post_init()
+        if config.pkm_replaced_mlps:  # a GPT-2 checkpoint's weights of the removed MLPs: expected, not loaded
+            self._keys_to_ignore_on_load_unexpected.update(rf"(^|\.)h\.{i}\.mlp\." for i in config.pkm_replaced_mlps)
         self.memory_kind  # made now, outside any compiled forward (its settings parse is not traceable)
 
     # ------------------------------------------------------------------ weights
@@ -130,7 +137,9 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
         random init (GPT-2's scheme: N(0, 0.02), residual output projections scaled by
         1/sqrt(2 n_layer)). Abstractor queries are N(0, 1), so that at step 0 each query
         attends to a different mixture of positions and the first engrams differ. A kind's
-        module with an `init_memory_weights(memory_init)` method initialises itself.
+        module with an `init_memory_weights(memory_init)` method initialises itself (after
+        GPT-2's init of its submodules), as a PKM layer does (XLM's init: `pkm.ProductKeyMemory`;
+        under `noop` one placed after the MLP starts with zero values, so it adds nothing).
         """
         super()._init_weights(module)
         if isinstance(module, Abstractor):
@@ -147,11 +156,21 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             module.init_memory_weights(self.config.memory_init)
 
     def memory_modules(self) -> list[nn.Module]:
-        """The modules the memory adds (abstractor, memory attentions, the kind's `memory_net`); all trainable."""
+        """The modules the memory adds (abstractor, memory attentions, the kind's `memory_net`, PKM
+        layers); all trainable."""
         mods: list[nn.Module] = [b.memory_attention for b in self.memory_blocks if b.memory_attention is not None]
         mods += [b.engram_bias for b in self.memory_blocks if b.engram_bias is not None]
+        mods += self.pkm_modules()
         own = [m for m in (self.abstractor, self.memory_net) if m is not None]
         return own + mods
+
+    def pkm_modules(self) -> list[nn.Module]:
+        """The PKM layers (`config.pkm_layers`), in block order."""
+        return [b.pkm for b in self.memory_blocks if b.pkm is not None]
+
+    def pkm_value_parameters(self) -> list[nn.Parameter]:
+        """The PKM layers' value tables: the optimiser gives them a group of their own (`optim.pkm_value_lr`)."""
+        return [m.values.weight for m in self.pkm_modules()]
 
     @property
     def kind_module(self) -> nn.Module | None:
@@ -256,11 +275,16 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             side=read if read.has_side else None,
             own_attention=read if read.replaces_attention else None,
             engram_slots=read.engram_slots,
+            token_mask=query_mask,
         )
-        writes = BlockWrites(memory=inputs.memory)
+        writes, pkm_stats = BlockWrites(memory=inputs.memory), []
         for i, (block, layer) in enumerate(zip(self.transformer.h, self.memory_blocks)):
-            hidden, *written = layer(hidden, read.engrams, *read.layer_kv(i), block=block, inputs=inputs)
+            hidden, stats, *written = layer(hidden, read.engrams, *read.layer_kv(i), block=block, inputs=inputs)
             writes.add(*written)
+            pkm_stats.append(stats)
+        for layer, stats in zip(self.memory_blocks, pkm_stats):  # once, outside the checkpointable blocks
+            if layer.pkm is not None:
+                layer.pkm.update_running(stats)
         hidden = self.transformer.ln_f(hidden)  # (B, L, D)
 
         logits = self.lm_head(slice_logits_to_keep(hidden, logits_to_keep))  # (B, L, V)

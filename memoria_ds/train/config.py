@@ -265,6 +265,13 @@ class OptimSection(Section):
             text's first statistics (docs/training.md, "The memory's learning rate"). Capped
             at half the run's updates (rounded down; the run prints one line when it is), so
             a short run of a preset with a long delay still trains its memory.
+        pkm_value_lr: the learning rate of the Product-Key Memory layers' value tables
+            (`model.settings.pkm_layers`), in an optimiser group of their own: constant (no
+            warm-up or decay; 0 during `memory_delay_steps`), no weight decay, the run's Adam
+            betas and eps. XLM's default, and the paper's advice: Adam at a constant 1e-3
+            (docs/field_memories.md, "Product-Key Memory"). None: the values train with the other
+            memory parameters. Updates are dense (ZeRO has no sparse gradients). No effect on a
+            model without PKM layers.
         micro_batch_size: streams per rank per micro-batch.
         grad_accum: micro-batches per optimiser step.
         epochs: passes over the training split (ignored when `max_steps` is set).
@@ -295,6 +302,7 @@ class OptimSection(Section):
     grad_clip: Number = 1.0
     memory_lr_scale: Number = 1.0
     memory_delay_steps: int = 0
+    pkm_value_lr: Number | None = 1e-3
     micro_batch_size: int = 8
     grad_accum: int = 1
     epochs: int = 3
@@ -314,6 +322,9 @@ class OptimSection(Section):
                 raise ValueError(f"`optim.{name}` ({getattr(self, name)}) must be a finite number")
         if self.memory_lr_scale <= 0:
             raise ValueError(f"`optim.memory_lr_scale` ({self.memory_lr_scale}) must be > 0 (1 = the paper's single rate)")
+        if self.pkm_value_lr is not None and not (math.isfinite(self.pkm_value_lr) and self.pkm_value_lr > 0):
+            raise ValueError(f"`optim.pkm_value_lr` ({self.pkm_value_lr}) must be a finite number > 0 (XLM's: 1e-3), "
+                             f"or null to train the PKM values with the other memory parameters")
         if self.memory_delay_steps < 0:
             raise ValueError(f"`optim.memory_delay_steps` ({self.memory_delay_steps}) must be >= 0 (0 = no delay, the paper)")
         if self.lr <= 0:

@@ -5,8 +5,8 @@ from files: under DeepSpeed the optimizer's fp32 master weights, assembled per p
 with DeepSpeed's `safe_get_full_fp32_param` (ZeRO 1-3; under bf16 these are the masters,
 not the bf16 copies); with the plain engine the parameters themselves. Nothing is
 unpickled (issue 19). A fresh model is built on CPU from the run's configuration (so frozen
-backbone weights left out of a LoRA run come from the backbone), the trained weights are
-loaded into it, and (safetensors only: transformers 5 writes nothing else, the peft adapter
+backbone weights left out of a LoRA run come from the backbone), the trained weights and the
+live model's persistent buffers (a PKM layer's running statistics) are loaded into it, and (safetensors only: transformers 5 writes nothing else, the peft adapter
 is saved with `safe_serialization=True`):
 
 - without LoRA: `save_pretrained(<run_dir>/export)`;
@@ -96,6 +96,18 @@ def trained_weights(cfg: RunConfig, engine, model: nn.Module, is_main: bool) -> 
     return out, len(out)
 
 
+def trained_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of the model's persistent buffers, named as in its state dict: state the run
+    moved that is not a parameter (a PKM layer's batch-norm running statistics). Buffers are not
+    partitioned by ZeRO: this rank's copy (rank 0's in the export, as DeepSpeed's checkpoint keeps)."""
+    out = {}
+    for prefix, module in model.named_modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer is not None and name not in module._non_persistent_buffers_set:
+                out[f"{prefix}.{name}" if prefix else name] = buffer.detach().cpu().clone()
+    return out
+
+
 def export_hf(
     cfg: RunConfig, engine, model: nn.Module, *, vocab_size: int, is_main: bool, log: Callable[[str], None],
     step: int, results: list | None = None,
@@ -120,6 +132,7 @@ def export_hf(
         if missing:
             raise RuntimeError(f"the engine lacks trained parameters {missing[:5]} (and {len(missing) - 5} more)"
                                if len(missing) > 5 else f"the engine lacks trained parameters {missing}")
+        state.update(trained_buffers(model))  # what the run moved besides its weights
         fresh.load_state_dict(state, strict=False)
         if cfg.lora.enabled:
             if cfg.checkpoint.merge_lora:

@@ -2,7 +2,7 @@
 
 On a GPU a memory kind costs what its host side costs unless its step is captured whole
 (`torch.compile(fullgraph=True)`, CUDA graphs). For every preset (and Memoria read as
-self-attention slots with `engram_bias`):
+self-attention slots with `engram_bias`, and `xl` with a Product-Key Memory layer):
 
 - one forward with its loss is one graph, with no graph break (`torch._dynamo.explain`);
 - compiled with `fullgraph=True` (backward through AOTAutograd), six training steps through a
@@ -31,6 +31,8 @@ from memoria_ds.model.hf_compat import ATTENTION_CACHE, self_attention_with_quer
 LENGTH, BATCH = 16, 3
 KINDS = [(preset, {}) for preset in PRESETS] + [
     ("memoria", {"memory_read": "self_attention", "engram_bias": 0.0}),
+    # Product-Key Memory layers beside a kind (its query batch norm over the real tokens: padded rows below)
+    ("xl", {"pkm_layers": [1], "pkm": {"n_keys": 8, "heads": 2, "knn": 4, "k_dim": 16}}),
 ]
 IDS = [p if not s else f"{p}+{'+'.join(s)}" for p, s in KINDS]
 # aten ops that read a value on the host or make a shape from data

@@ -133,11 +133,13 @@ def test_settings_of_another_memory_kind_are_named_as_idle():
         "memory_attention_mode", "memory_heads"]
     assert idle_settings("memoria", ["xl_memory_length", "memoria", "segment_length"]) == ["xl_memory_length"]
     assert idle_settings("none", ["memoria", "xl_positions", "n_embd"]) == ["memoria", "xl_positions"]
-    # every memory field of the config is some kind's setting, or shared by all (segment_length, memory_type)
+    # every memory field of the config is some kind's setting, or shared by all (segment_length, memory_type,
+    # the PKM layers any kind may carry)
     from memoria_ds.model.config import _memory_fields
 
     named = frozenset().union(*SETTINGS_OF_KIND.values())
-    assert _memory_fields() - named == {"memory_type", "segment_length", "memory_init", "memory_settings"}
+    assert _memory_fields() - named == {"memory_type", "segment_length", "memory_init", "memory_settings", "pkm_layers",
+                                        "pkm"}
     # every kind is listed
     from memoria_ds.model.config import MEMORY_TYPES
 

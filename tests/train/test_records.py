@@ -133,7 +133,7 @@ def test_a_short_run_schedules_the_capped_delay(tiny_gpt2_config):
                                                                "num_ltm_reminded": 2, "stm_capacity": 4})
     optim = OptimSection(lr=1e-3, warmup_ratio=0.06, memory_delay_steps=40, max_steps=2)
     layout = group_layout(model, optim.memory_lr_scale, optim.memory_delay_steps)
-    assert [memory for _, memory in layout] == [False, False, True, True]
+    assert [kind.memory for kind in layout] == [False, False, True, True]
     factors = [[f(s) for s in range(2)] for f in group_schedules(model, optim, 2)]
     backbone = [linear_warmup_decay(2, 0.06)(s) for s in range(2)]
     assert backbone == [1.0, 1.0]  # a warm-up of 1, then the decay's first update (1 of 1 left)

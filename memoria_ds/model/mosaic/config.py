@@ -91,6 +91,10 @@ class MemoryMosaicConfig(MemoriaGPT2Config):
         if self.memory_type not in ("none", "mosaic"):
             raise SettingError("memory_type", f"of a Memory Mosaic is 'none' (each segment alone, the paper's) or "
                                f"'mosaic' (its contextual memory carried), got {self.memory_type!r}")
+        if self.pkm_layers:
+            raise SettingError("pkm_layers", f"({self.pkm_layers}): PKM layers replace or follow a GPT-2 block's MLP; "
+                               f"a Memory Mosaic's blocks have a persistent memory in its place and take none "
+                               f"(leave `pkm_layers` unset)")
 
     @property
     def head_dim(self) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 from .. import distributed as dist_utils
 from .store import ENGINE_TAG, CheckpointError, CheckpointInfo, find_latest, list_checkpoints, step_of, validate
 from ..config import RunConfig
+from ...model.config import resolve_preset
 from ..engine import memory_groups_apart, to_universal
 from ..parse import to_dict
 
@@ -168,6 +169,19 @@ def check_compatible(info: CheckpointInfo, cfg: RunConfig, world_size: int) -> N
                "memory_lr_scale=1 and memory_delay_steps=0")
             + " (any such values apply from the next step), or start a new run_dir"
         )
+    # the PKM values have a group of their own only with optim.pkm_value_lr set (a model whose settings
+    # name PKM layers; checkpoints made before the setting have no PKM layer)
+    if resolve_preset(cfg.model.preset, **cfg.model.settings).get("pkm_layers"):
+        was_values = optim.get("pkm_value_lr") is not None
+        if was_values != (cfg.optim.pkm_value_lr is not None):
+            raise CheckpointError(
+                f"checkpoint {info.path} was made with optim.pkm_value_lr={optim.get('pkm_value_lr')}, which "
+                + ("gives the PKM values an optimizer group of their own" if was_values else
+                   "trains the PKM values with the other memory parameters")
+                + f"; optim.pkm_value_lr={cfg.optim.pkm_value_lr} cannot continue its optimizer state: resume with "
+                + ("a pkm_value_lr (any value applies from the next step)" if was_values else "pkm_value_lr=null")
+                + ", or start a new run_dir"
+            )
     saved = info.manifest.get("meta", {}).get("fingerprint", {})
     mine = fingerprint(cfg)
     for key in ("model", "data"):

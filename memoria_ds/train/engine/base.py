@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -80,56 +80,106 @@ def memory_settings_idle(model: nn.Module, memory_lr_scale: float = 1.0, memory_
             and not any(p.requires_grad for m in modules for p in m.parameters()))
 
 
-def group_layout(model: nn.Module, memory_lr_scale: float = 1.0, memory_delay_steps: int = 0) -> list[tuple[bool, bool]]:
-    """(decays, is memory) of each optimizer group `param_groups` makes, in order."""
+class GroupKind(NamedTuple):
+    """What the parameters of one optimizer group are.
+
+    Attributes:
+        decay: matrices: AdamW's weight decay applies (biases and norm gains do not decay).
+        memory: parameters of the modules the memory adds (`model.memory_modules()`), in groups of
+            their own when `memory_groups_apart` (their rate `lr * memory_lr_scale`, their delay).
+        values: the PKM layers' value tables (`model.pkm_value_parameters()`), in a group of their
+            own when `optim.pkm_value_lr` is set: that constant rate, no weight decay (XLM's
+            "Adam at 1e-3"), after the memory's delay.
+    """
+
+    decay: bool
+    memory: bool
+    values: bool = False
+
+
+def group_layout(model: nn.Module, memory_lr_scale: float = 1.0, memory_delay_steps: int = 0,
+                 pkm_value_lr: float | None = None) -> list[GroupKind]:
+    """What each optimizer group `param_groups` makes holds, in order."""
     apart = memory_groups_apart(memory_lr_scale, memory_delay_steps)
-    return [(decay, memory) for decay, memory, _ in _grouped(model, apart)]
+    return [kind for kind, _ in _grouped(model, apart, pkm_value_lr is not None)]
+
+
+def constant_after(delay: int):
+    """LR multiplier of the PKM values' group: 0 for the first `delay` updates, then 1 (a constant rate)."""
+
+    def factor(step: int) -> float:
+        return 0.0 if step < delay else 1.0
+
+    return factor
 
 
 def group_schedules(model: nn.Module, optim: OptimSection, total_steps: int) -> list:
     """The LR multiplier of each optimizer group (`group_layout`'s order): the backbone's
     `linear_warmup_decay`; the memory modules' delayed by `optim.memory_delay_steps`, capped
-    at a fraction of the run (`capped_memory_delay`). The groups themselves follow the
-    configured delay, so a capped run's checkpoints have the layout of an uncapped one."""
-    layout = group_layout(model, optim.memory_lr_scale, optim.memory_delay_steps)
+    at a fraction of the run (`capped_memory_delay`); the PKM values' constant after that delay.
+    The groups themselves follow the configured delay, so a capped run's checkpoints have the
+    layout of an uncapped one."""
+    layout = group_layout(model, optim.memory_lr_scale, optim.memory_delay_steps, optim.pkm_value_lr)
     delay = capped_memory_delay(optim.memory_delay_steps, total_steps)
-    return [delayed_warmup_decay(total_steps, optim.warmup_ratio, delay if memory else 0)
-            for _, memory in layout]  # fmt: skip
+    return [constant_after(delay) if kind.values else
+            delayed_warmup_decay(total_steps, optim.warmup_ratio, delay if kind.memory else 0)
+            for kind in layout]  # fmt: skip
 
 
-def _grouped(model: nn.Module, apart: bool) -> list[tuple[bool, bool, list[nn.Parameter]]]:
-    memory_ids = set()
+def _grouped(model: nn.Module, apart: bool, values_apart: bool = False) -> list[tuple[GroupKind, list[nn.Parameter]]]:
+    memory_ids, value_ids = set(), set()
     if apart and hasattr(model, "memory_modules"):
         memory_ids = {id(p) for m in model.memory_modules() for p in m.parameters()}
-    buckets: dict[tuple[bool, bool], list[nn.Parameter]] = {}
+    if values_apart and hasattr(model, "pkm_value_parameters"):
+        value_ids = {id(p) for p in model.pkm_value_parameters()}
+    buckets: dict[GroupKind, list[nn.Parameter]] = {}
     for _, p in model.named_parameters():
-        if p.requires_grad:
+        if not p.requires_grad:
+            continue
+        if id(p) in value_ids:
+            buckets.setdefault(GroupKind(False, True, True), []).append(p)
+        else:
             # p.dim(), as checkpoints were always grouped (a ZeRO-3 partition is 1-D, so under
             # ZeRO-3 every parameter lands in the no-decay group)
-            buckets.setdefault((p.dim() >= 2, id(p) in memory_ids), []).append(p)
-    order = [(True, False), (False, False), (True, True), (False, True)]
-    return [(decay, memory, buckets[(decay, memory)]) for decay, memory in order if buckets.get((decay, memory))]
+            buckets.setdefault(GroupKind(p.dim() >= 2, id(p) in memory_ids), []).append(p)
+    order = [GroupKind(True, False), GroupKind(False, False), GroupKind(True, True), GroupKind(False, True),
+             GroupKind(False, True, True)]
+    return [(kind, buckets[kind]) for kind in order if buckets.get(kind)]
 
 
 def param_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
-                 memory_lr_scale: float = 1.0, memory_delay_steps: int = 0) -> list[dict[str, Any]]:
+                 memory_lr_scale: float = 1.0, memory_delay_steps: int = 0,
+                 pkm_value_lr: float | None = None) -> list[dict[str, Any]]:
     """Trainable parameters; matrices decay, biases and norm gains do not.
 
     With `memory_lr_scale != 1` or `memory_delay_steps > 0`, the modules Memoria adds
     (`model.memory_modules()`) get groups of their own at `lr * memory_lr_scale` (backbone
-    groups first; `group_layout` gives the order, `group_schedules` their schedules). Otherwise
-    there are two groups, as checkpoints before these options have.
+    groups first; `group_layout` gives the order, `group_schedules` their schedules). With
+    `pkm_value_lr` set and PKM layers in the model, their value tables get the last group, at
+    that rate and without weight decay. Otherwise there are two groups, as checkpoints before
+    these options have.
     """
     apart = memory_groups_apart(memory_lr_scale, memory_delay_steps)
+    grouped = _grouped(model, apart, pkm_value_lr is not None)
+    own_rates = apart or any(kind.values for kind, _ in grouped)
     groups = []
-    for decay, memory, params in _grouped(model, apart):
-        group: dict[str, Any] = {"params": params, "weight_decay": weight_decay if decay else 0.0}
-        if apart:
+    for kind, params in grouped:
+        group: dict[str, Any] = {"params": params, "weight_decay": weight_decay if kind.decay else 0.0}
+        if own_rates:
             if lr is None:
                 raise ValueError("param_groups needs `lr` to give the memory modules their own groups")
-            group["lr"] = lr * (memory_lr_scale if memory else 1.0)
+            group["lr"] = peak_lr(kind, lr, memory_lr_scale, pkm_value_lr)
         groups.append(group)
     return groups
+
+
+def peak_lr(kind: GroupKind, lr: float, memory_lr_scale: float, pkm_value_lr: float | None) -> float:
+    """The peak learning rate of a group of `kind`: `pkm_value_lr` for the PKM values, `lr * memory_lr_scale`
+    for the memory modules (when apart), `lr` for the rest."""
+    if kind.values:
+        assert pkm_value_lr is not None
+        return pkm_value_lr
+    return lr * (memory_lr_scale if kind.memory else 1.0)
 
 
 def guard_loss(loss: torch.Tensor, scored: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,26 +255,30 @@ class TrainEngine(ABC):
         lr, weight_decay, betas, eps = optim.lr, optim.weight_decay, tuple(optim.betas), optim.eps
         opt, sched = self._optimizer_and_scheduler()
         groups = opt.param_groups
-        layout = group_layout(self.module, optim.memory_lr_scale, optim.memory_delay_steps)
+        layout = group_layout(self.module, optim.memory_lr_scale, optim.memory_delay_steps, optim.pkm_value_lr)
         if len(layout) != len(groups):
             raise RuntimeError(f"the optimizer has {len(groups)} parameter groups where the model, "
-                               f"optim.memory_lr_scale and optim.memory_delay_steps give {len(layout)}")
+                               f"optim.memory_lr_scale, optim.memory_delay_steps and optim.pkm_value_lr give "
+                               f"{len(layout)}")
         changed: dict[str, tuple[Any, Any]] = {}
         saved = {"lr": sched.base_lrs[0], "weight_decay": max(g.get("weight_decay", 0.0) for g in groups),
                  "betas": tuple(groups[0].get("betas", betas)), "eps": groups[0].get("eps", eps)}
         now = {"lr": lr, "weight_decay": weight_decay, "betas": tuple(betas), "eps": eps}
-        if any(memory for _, memory in layout):  # the memory modules' own groups: their scale too
-            first = [memory for _, memory in layout].index(True)
+        modules = [kind.memory and not kind.values for kind in layout]
+        if any(modules):  # the memory modules' own groups: their scale too
+            first = modules.index(True)
             saved["memory_lr_scale"] = float(f"{sched.base_lrs[first] / sched.base_lrs[0]:.12g}")
             now["memory_lr_scale"] = optim.memory_lr_scale
+        if layout[-1].values:  # the PKM values' group: its rate too
+            saved["pkm_value_lr"], now["pkm_value_lr"] = sched.base_lrs[-1], optim.pkm_value_lr
         for key in now:
             if saved[key] != now[key]:
                 changed[key] = (saved[key], now[key])
-        peaks = [lr * (optim.memory_lr_scale if memory else 1.0) for _, memory in layout]
+        peaks = [peak_lr(kind, lr, optim.memory_lr_scale, optim.pkm_value_lr) for kind in layout]
         sched.base_lrs = list(peaks)
-        for group, fn, peak, (decay, _) in zip(groups, sched.lr_lambdas, peaks, layout):
+        for group, fn, peak, kind in zip(groups, sched.lr_lambdas, peaks, layout):
             group["lr"] = peak * fn(sched.last_epoch)
-            group["weight_decay"] = weight_decay if decay else 0.0
+            group["weight_decay"] = weight_decay if kind.decay else 0.0
             if "betas" in group:
                 group["betas"] = tuple(betas)
             if "eps" in group:

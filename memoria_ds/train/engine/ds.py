@@ -77,7 +77,8 @@ class DeepSpeedEngine(TrainEngine):
         gives the optimizer and schedule; `total_steps` is the schedule's length in updates."""
         import deepspeed
 
-        groups = param_groups(model, optim.weight_decay, optim.lr, optim.memory_lr_scale, optim.memory_delay_steps)
+        groups = param_groups(model, optim.weight_decay, optim.lr, optim.memory_lr_scale, optim.memory_delay_steps,
+                              optim.pkm_value_lr)
         optimizer = None
         if "optimizer" not in ds_config:  # no compile needed; fused kernels on CUDA
             fused = torch.cuda.is_available()

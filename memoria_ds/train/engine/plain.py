@@ -31,7 +31,8 @@ class TorchEngine(TrainEngine):
             raise ValueError("the plain-PyTorch engine supports fp32 and bf16; use DeepSpeed for fp16")
         self.module = model.to(device)
         self.device = device
-        groups = param_groups(model, optim.weight_decay, optim.lr, optim.memory_lr_scale, optim.memory_delay_steps)
+        groups = param_groups(model, optim.weight_decay, optim.lr, optim.memory_lr_scale, optim.memory_delay_steps,
+                              optim.pkm_value_lr)
         self.optimizer = torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, group_schedules(model, optim, total_steps))
         self.grad_clip, self.grad_accum = optim.grad_clip, optim.grad_accum
@@ -70,9 +71,9 @@ class TorchEngine(TrainEngine):
         target = Path(directory) / tag
         target.mkdir(parents=True, exist_ok=True)
         module = {k: v for k, v in self.module.state_dict().items()}
-        if exclude_frozen:
-            trainable = {n for n, p in self.module.named_parameters() if p.requires_grad}
-            module = {k: v for k, v in module.items() if k in trainable}
+        if exclude_frozen:  # frozen weights (tied names too) are the backbone's; buffers (running statistics) stay
+            frozen = {n for n, p in self.module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+            module = {k: v for k, v in module.items() if k not in frozen}
         save_tree({"module": module, "optimizer": self.optimizer.state_dict(),
                    "scheduler": self.scheduler.state_dict()}, target / ENGINE_FILE)
 
