@@ -106,7 +106,7 @@ class MemoryBlock(GradientCheckpointingLayer):
         )
         # `engram_bias` (memory_read="self_attention"): a learned per-head bias on the engram slots' logits
         self.engram_bias = (SlotBias(config.n_head, config.engram_bias)
-                            if config.memory_type == "memoria" and config.engram_bias is not None else None)
+                            if "memoria" in config.memory_kinds and config.engram_bias is not None else None)
 
     def forward(
         self,
