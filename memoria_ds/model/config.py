@@ -295,7 +295,7 @@ class MemoriaGPT2Config(GPT2Config):
         """Part of the `@strict` validation: every setting by its rule (`check_memory_values`), then
         what depends on the backbone's shape; each mistake a `SettingError` naming the setting."""
         super().validate_architecture()
-        check_memory_values({name: getattr(self, name) for name in SETTING_RULES if hasattr(self, name)})
+        check_memory_values({name: getattr(self, name) for name in (*SETTING_RULES, "memory_type") if hasattr(self, name)})
         for kind in self.memory_kinds:
             settings_class = KIND_SETTINGS.get(kind)
             if settings_class is not None and hasattr(settings_class, "check_model"):  # e.g. a block index in range

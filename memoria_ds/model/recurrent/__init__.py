@@ -43,7 +43,7 @@ RecurrentMemory = Union[NoMemory, XLMemory, MemoriaMemory, CompressiveMemory, In
 def memory_kind(config: Any) -> MemoryKind:
     """The kind of memory a model with this `MemoriaGPT2Config` runs (a composite's: `CompositeKind`)."""
     if is_composite(config.memory_type):
-        return CompositeKind(config)
+        return CompositeKind(config, KINDS)
     if config.memory_type not in KINDS:
         raise ValueError(f"unknown memory_type {config.memory_type!r}; expected one of {sorted(KINDS)}")
     return KINDS[config.memory_type](config)
@@ -81,8 +81,8 @@ def memory_from_state_dict(
         config = model_config.memoria_config
     try:
         if is_composite(kind):
-            check_composite_state(state_dict, model_config)
-            memory_class = CompositeMemory.of(memory_kinds(kind))
+            check_composite_state(state_dict, KINDS, model_config)
+            memory_class = CompositeMemory.of(memory_kinds(kind), KINDS)
         else:
             KINDS[kind].check_state(state_dict, model_config)
             memory_class = KINDS[kind].memory_class

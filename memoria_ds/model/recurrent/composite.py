@@ -42,15 +42,13 @@ class CompositeMemory(BatchRows):
     """The memories of a composite's parts, one field per kind (a dataclass made by `of`)."""
 
     kinds: ClassVar[tuple[str, ...]] = ()
+    part_classes: ClassVar[dict[str, type]] = {}  # each part's memory class, by kind
 
     @staticmethod
-    @functools.cache
-    def of(kinds: tuple[str, ...]) -> type[CompositeMemory]:
-        """The memory class of the composite of `kinds` (made once per combination)."""
-        cls = dataclasses.make_dataclass(
-            "CompositeMemory_" + "_".join(kinds), [(k, Any) for k in kinds], bases=(CompositeMemory,))
-        cls.kinds = kinds
-        return cls
+    def of(kinds: tuple[str, ...], registry: dict[str, type[MemoryKind]]) -> type[CompositeMemory]:
+        """The memory class of the composite of `kinds` (made once per combination), its parts' kinds
+        from `registry` (`recurrent.KINDS`)."""
+        return _memory_class(kinds, tuple(registry[k].memory_class for k in kinds))
 
     @property
     def name(self) -> str:
@@ -77,15 +75,21 @@ class CompositeMemory(BatchRows):
     def from_state_dict(cls, state_dict: dict[str, Any], config: Any = None,
                         device: torch.device | str | None = None) -> CompositeMemory:
         """Rebuild a saved composite memory (its parts by their own kinds); `config`: Memoria's settings."""
-        from . import KINDS
-
         check_format(state_dict, "+".join(cls.kinds))
         parts = state_dict.get("parts")
         if not isinstance(parts, dict) or sorted(parts) != sorted(cls.kinds):
             raise ValueError(f"saved {'+'.join(cls.kinds)} memory: `parts` must hold {list(cls.kinds)}, got "
                              f"{sorted(parts) if isinstance(parts, dict) else type(parts).__name__}")
-        return cls(**{k: KINDS[k].memory_class.from_state_dict(parts[k], config=config if k == "memoria" else None,
-                                                                device=device) for k in cls.kinds})
+        return cls(**{k: cls.part_classes[k].from_state_dict(parts[k], config=config if k == "memoria" else None,
+                                                              device=device) for k in cls.kinds})
+
+
+@functools.cache
+def _memory_class(kinds: tuple[str, ...], classes: tuple[type, ...]) -> type[CompositeMemory]:
+    cls = dataclasses.make_dataclass("CompositeMemory_" + "_".join(kinds), [(k, Any) for k in kinds],
+                                     bases=(CompositeMemory,))
+    cls.kinds, cls.part_classes = kinds, dict(zip(kinds, classes))
+    return cls
 
 
 class CompositeRead(MemoryRead):
@@ -143,20 +147,18 @@ class CompositeRead(MemoryRead):
 class CompositeKind(MemoryKind):
     """The kinds of `config.memory_type` (`"xl+memoria"`) run side by side (`composition.py`).
 
-    Each part is its kind, built on its view of the config (`part_config`); the composite's module
-    is the one part's that brings one (at most one does).
+    Each part is its kind (from `registry`, `recurrent.KINDS`), built on its view of the config
+    (`part_config`); the composite's module is the one part's that brings one (at most one does).
     """
 
     name = "composite"
     memory_class = CompositeMemory
 
-    def __init__(self, config: Any) -> None:
-        from . import KINDS
-
+    def __init__(self, config: Any, registry: dict[str, type[MemoryKind]]) -> None:
         self.name = config.memory_type
         self.kinds = memory_kinds(config.memory_type)
-        self.parts = {k: KINDS[k](part_config(config, k)) for k in self.kinds}
-        self.memory_class = CompositeMemory.of(self.kinds)
+        self.parts = {k: registry[k](part_config(config, k)) for k in self.kinds}
+        self.memory_class = CompositeMemory.of(self.kinds, registry)
         self.carries_state = any(p.carries_state for p in self.parts.values())
         self.trains_across_segments = any(p.trains_across_segments for p in self.parts.values())
         super().__init__(config)
@@ -226,10 +228,9 @@ class CompositeKind(MemoryKind):
         return stats
 
 
-def check_composite_state(state_dict: Any, config: Any = None) -> None:
-    """Raise ValueError unless `state_dict` is a saved composite memory whose every part its kind accepts."""
-    from . import KINDS
-
+def check_composite_state(state_dict: Any, registry: dict[str, type[MemoryKind]], config: Any = None) -> None:
+    """Raise ValueError unless `state_dict` is a saved composite memory whose every part its kind (in
+    `registry`, `recurrent.KINDS`) accepts."""
     kind = state_dict.get("kind") if isinstance(state_dict, dict) else None
     kinds = memory_kinds(kind) if isinstance(kind, str) else ()
     check_format(state_dict, "+".join(kinds))
@@ -238,7 +239,7 @@ def check_composite_state(state_dict: Any, config: Any = None) -> None:
         raise ValueError(f"saved {kind} memory: `parts` must hold {list(kinds)}")
     for k in kinds:
         try:
-            KINDS[k].check_state(parts[k], None if config is None else part_config(config, k))
+            registry[k].check_state(parts[k], None if config is None else part_config(config, k))
         except ValueError as e:
             raise ValueError(f"saved {kind} memory, part {k!r}: {e}") from None
 
