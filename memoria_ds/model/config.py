@@ -43,6 +43,7 @@ from transformers import GPT2Config
 
 from ..memory import COMPILE_MODES, MemoriaConfig
 from ..setting_rules import Rule, SettingError
+from .composition import check_composition, is_composite, memory_kinds, part_settings
 from .pkm import PKMSettings
 
 MEMORY_TYPES = ("none", "xl", "memoria", "compressive", "infinity", "memorizing", "mosaic", "memformer")  # mosaic: Memory Mosaics only (model/mosaic/)
@@ -109,7 +110,7 @@ SETTINGS_OF_KIND: dict[str, frozenset[str]] = {
 
 def idle_settings(memory_type: str, keys: Any) -> list[str]:
     """Those of `keys` that are settings of other memory kinds only: `memory_type` ignores them."""
-    mine = SETTINGS_OF_KIND.get(memory_type, frozenset())
+    mine = frozenset().union(*(SETTINGS_OF_KIND.get(k, frozenset()) for k in memory_kinds(memory_type)))
     others = frozenset().union(*SETTINGS_OF_KIND.values())
     return sorted(k for k in keys if k in others and k not in mine)
 
@@ -125,7 +126,7 @@ DEFAULT_MEMORY_WIDTH_RATIO = 0.125
 # dataclass checks their types only). A kind's `memory_settings` and the `memoria` dict are
 # checked by their own classes.
 SETTING_RULES: dict[str, Rule] = {
-    "memory_type": Rule(str, choices=MEMORY_TYPES),
+    # "memory_type": a kind of MEMORY_TYPES, or kinds joined by "+" (`composition.check_composition`)
     "memory_layers": Rule(list, least=0, what="a list of block indices", optional=True, none="every block"),
     "memory_heads": Rule(int, least=1, optional=True, none="`n_head`"),
     "memory_inner_dim": Rule(int, least=1, optional=True, none="from `memory_inner_dim_ratio`"),
@@ -166,6 +167,8 @@ def check_memory_values(values: Mapping[str, Any]) -> None:
         if rule is not None:
             rule.check(name, value)
     read = values.get("memory_read", "cross_attention")
+    if "memory_type" in values:
+        check_composition(values["memory_type"], read if isinstance(read, str) else "cross_attention")
     if read == "self_attention" and values.get("memory_layers") is not None:
         raise SettingError("memory_layers", f"({values['memory_layers']}) is for `memory_read='cross_attention'`: "
                            f"`memory_read='self_attention'` reads the engrams in every block's self-attention; "
@@ -220,10 +223,12 @@ class MemoriaGPT2Config(GPT2Config):
     Every `GPT2Config` field keeps its meaning. Added fields:
 
     Args:
-        memory_type: one of `MEMORY_TYPES` (`"none"`, `"xl"`, `"memoria"`, `"compressive"`, `"infinity"`).
+        memory_type: one of `MEMORY_TYPES` (`"none"`, `"xl"`, `"memoria"`, `"compressive"`, `"infinity"`),
+            or kinds that compose joined by "+" (`"xl+memoria"`: `composition.py`).
         memory_settings: the settings of a kind that has its own (`compressive`, ...), as a
             dict of its settings class's fields (missing ones take its defaults). Stored
-            fully resolved; None for a kind without settings.
+            fully resolved; None for a kind without settings. A composite's: each part's
+            under its name (`{"memorizing": {...}}`).
         memoria: Memoria settings as a dict of `memoria_ds.memory.MemoriaConfig` fields
             (missing ones take the paper's WikiText-103 defaults). Stored fully resolved.
         memory_layers: blocks (0-based) that get a memory cross-attention; `None` = every
@@ -322,14 +327,17 @@ class MemoriaGPT2Config(GPT2Config):
         """Part of the `@strict` validation: every setting by its rule (`check_memory_values`), then
         what depends on the backbone's shape; each mistake a `SettingError` naming the setting."""
         super().validate_architecture()
-        check_memory_values({name: getattr(self, name) for name in SETTING_RULES if hasattr(self, name)})
-        settings_class = KIND_SETTINGS.get(self.memory_type)
-        if settings_class is not None and hasattr(settings_class, "check_model"):  # e.g. a block index in range
-            settings = settings_class.from_dict(dict(self.memory_settings or {}))
-            try:
-                settings.check_model(self)
-            except SettingError as e:
-                raise e.within("memory_settings") from None
+        check_memory_values({name: getattr(self, name) for name in (*SETTING_RULES, "memory_type") if hasattr(self, name)})
+        for kind in self.memory_kinds:
+            settings_class = KIND_SETTINGS.get(kind)
+            if settings_class is not None and hasattr(settings_class, "check_model"):  # e.g. a block index in range
+                own = part_settings(self.memory_type, self.memory_settings, kind)
+                settings = settings_class.from_dict(dict(own or {}))
+                try:
+                    settings.check_model(self)
+                except SettingError as e:
+                    raise e.within(f"memory_settings.{kind}" if is_composite(self.memory_type)
+                                   else "memory_settings") from None
         if self.pkm_layers:
             bad = [i for i in self.pkm_layers if not 0 <= i < self.n_layer]
             if bad or len(set(self.pkm_layers)) != len(self.pkm_layers):
@@ -363,6 +371,11 @@ class MemoriaGPT2Config(GPT2Config):
         return sorted(self.pkm_layers) if settings is not None and settings.placement == "replace" else []
 
     @property
+    def memory_kinds(self) -> tuple[str, ...]:
+        """The kinds this model carries, in order: one, or a composite's (`"xl+memoria"`: xl, memoria)."""
+        return memory_kinds(self.memory_type)
+
+    @property
     def memoria_config(self) -> MemoriaConfig:
         """The Memoria settings as the memory engine's typed config."""
         return MemoriaConfig.from_dict(self.memoria)
@@ -381,7 +394,7 @@ class MemoriaGPT2Config(GPT2Config):
     def resolved_memory_layers(self) -> list[int]:
         """Blocks with a memory cross-attention (empty unless `memory_type == "memoria"` and
         `memory_read == "cross_attention"`)."""
-        if self.memory_type != "memoria" or self.memory_read != "cross_attention":
+        if "memoria" not in self.memory_kinds or self.memory_read != "cross_attention":
             return []
         return sorted(self.memory_layers) if self.memory_layers is not None else list(range(self.n_layer))
 
@@ -428,7 +441,8 @@ class MemoriaGPT2Config(GPT2Config):
 
 def position_banks(memory_type: str, xl_positions: str) -> int:
     """Banks of positions a model's segments alternate between: a segment may use n_positions // banks."""
-    return 2 if memory_type in CACHED_KV_TYPES and xl_positions == "alternate" else 1
+    cached = any(kind in CACHED_KV_TYPES for kind in memory_kinds(memory_type))
+    return 2 if cached and xl_positions == "alternate" else 1
 
 
 # memory_type -> the settings class of a kind that has settings; filled by each kind's class
@@ -442,8 +456,10 @@ def resolve_memory_settings(memory_type: str, settings: dict[str, Any] | None) -
     Raises:
         SettingError: settings for a kind that takes none, or a bad setting (keyed `memory_settings.<name>`).
     """
-    if memory_type not in MEMORY_TYPES:
+    if not isinstance(memory_type, str) or any(k not in MEMORY_TYPES for k in memory_kinds(memory_type)):
         return settings  # validate_architecture says so
+    if is_composite(memory_type):
+        return _resolve_composite_settings(memory_type, settings)
     settings_class = KIND_SETTINGS.get(memory_type)
     if settings_class is None:
         if settings:
@@ -453,11 +469,50 @@ def resolve_memory_settings(memory_type: str, settings: dict[str, Any] | None) -
     return settings_class.from_dict(settings if settings is not None else {}).to_dict()
 
 
+def _resolve_composite_settings(memory_type: str, settings: Any) -> dict[str, Any] | None:
+    """A composite's `memory_settings`: a mapping from each part that has settings to its own, resolved."""
+    if settings is not None and not isinstance(settings, Mapping):
+        raise SettingError("memory_settings", f"({settings!r}) must map the parts of {memory_type!r} to their "
+                           f"settings, e.g. {{memorizing: {{size: 4096}}}}")
+    kinds = memory_kinds(memory_type)
+    unknown = sorted(str(k) for k in (settings or {}) if k not in kinds or k not in KIND_SETTINGS)
+    if unknown:
+        raise SettingError(f"memory_settings.{unknown[0]}", f"is not a part of {memory_type!r} that takes settings; "
+                           f"those that do: {[k for k in kinds if k in KIND_SETTINGS]}")
+    out = {}
+    for kind in kinds:
+        if kind in KIND_SETTINGS:
+            try:
+                out[kind] = resolve_memory_settings(kind, dict((settings or {}).get(kind) or {}))
+            except SettingError as e:  # `memory_settings.size` as the part's holder names it
+                raise SettingError(e.key.replace("memory_settings", f"memory_settings.{kind}", 1), e.problem) from None
+    return out or None
+
+
+def composite_preset(preset: str) -> dict[str, Any]:
+    """The fields of a preset name joined by "+" (`"xl+memoria"`): each part's preset merged, the
+    memory types joined; two parts that set one field to different values are refused."""
+    values: dict[str, Any] = {}
+    kinds = []
+    for part in preset.split("+"):
+        if part not in PRESETS:
+            raise ValueError(f"unknown preset {part!r} in {preset!r}; known: {sorted(PRESETS)}")
+        fields = dict(PRESETS[part])
+        kinds.append(fields.pop("memory_type"))
+        for key, value in fields.items():
+            if key in values and values[key] != value:
+                raise ValueError(f"presets of {preset!r} disagree on `{key}` ({values[key]!r}, {value!r})")
+            values[key] = value
+    return {"memory_type": "+".join(kinds), **values}
+
+
 def resolve_preset(preset: str | None, **settings: Any) -> dict[str, Any]:
-    """Field overrides for a preset name plus explicit settings (the `memoria` dicts merged)."""
-    if preset is not None and preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
-    values = dict(PRESETS[preset]) if preset is not None else {}
+    """Field overrides for a preset name (or names joined by "+": `composite_preset`) plus explicit settings
+    (the `memoria` dicts merged)."""
+    if preset is not None and preset not in PRESETS and "+" not in preset:
+        raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}, or several joined by '+' "
+                         f"(e.g. 'xl+memoria')")
+    values = (dict(PRESETS[preset]) if preset in PRESETS else composite_preset(preset)) if preset is not None else {}
     merged = {}
     for key in ("memoria", "memory_settings"):
         merged[key] = dict(values.pop(key, None) or {})
@@ -510,5 +565,5 @@ def _memory_fields() -> set[str]:
 
 __all__ = ["MemoriaGPT2Config", "PRESETS", "MEMORY_TYPES", "CACHED_KV_TYPES", "KIND_SETTINGS", "SETTINGS_OF_KIND",
            "SETTING_RULES", "idle_settings", "XL_POSITIONS", "resolve_memory_settings", "position_banks",
-           "DEFAULT_MEMORY_WIDTH_RATIO", "resolve_preset", "check_model_settings", "check_memory_values",
-           "resolve_pkm"]
+           "DEFAULT_MEMORY_WIDTH_RATIO", "resolve_preset", "composite_preset", "check_model_settings",
+           "check_memory_values", "resolve_pkm"]

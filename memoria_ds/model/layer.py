@@ -113,7 +113,7 @@ class MemoryBlock(GradientCheckpointingLayer):
         )
         # `engram_bias` (memory_read="self_attention"): a learned per-head bias on the engram slots' logits
         self.engram_bias = (SlotBias(config.n_head, config.engram_bias)
-                            if config.memory_type == "memoria" and config.engram_bias is not None else None)
+                            if "memoria" in config.memory_kinds and config.engram_bias is not None else None)
         pkm = config.pkm_settings if layer_idx in (config.pkm_layers or ()) else None
         self.pkm = ProductKeyMemory(config.n_embd, pkm, eps=config.layer_norm_epsilon) if pkm is not None else None
         self.pkm_replaces_mlp = pkm is not None and pkm.placement == "replace"

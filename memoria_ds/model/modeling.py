@@ -110,7 +110,7 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
         with_memory = set(config.resolved_memory_layers)
         self.memory_blocks = nn.ModuleList(MemoryBlock(config, i, i in with_memory) for i in range(config.n_layer))
         self.abstractor = None
-        if config.memory_type == "memoria":
+        if "memoria" in config.memory_kinds:
             self.abstractor = Abstractor(
                 dim=config.n_embd,
                 num_queries=config.memoria_config.num_wm,
@@ -188,7 +188,8 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
     def memory_kind(self) -> MemoryKind:
         """The kind of memory this model runs (`recurrent.KINDS[config.memory_type]`)."""
         kind = self.__dict__.get("_memory_kind")
-        if kind is None or kind.config is not self.config or kind.name != self.config.memory_type:
+        if kind is None or kind.config is not self.config or kind.name != self.config.memory_type:  # (a composite's
+            # name is its memory_type)
             kind = self.__dict__["_memory_kind"] = memory_kind(self.config)
         return kind
 

@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass
 
 from ..data.streams import StreamLayout
+from ..model.composition import memory_kinds
 from ..model import MemoriaGPT2Config
 from ..model.recurrent import memory_kind
 from ..train.config import RunConfig
@@ -152,7 +153,7 @@ def flops_per_token(config: MemoriaGPT2Config, params: int, segment_length: int)
     """Training FLOPs (forward + backward) per token."""
     keys = segment_length / 2 + memory_kind(config).cached_slots(segment_length)
     flops = 6.0 * params + 12.0 * config.n_layer * config.n_embd * keys
-    if config.memory_type == "memoria":
+    if "memoria" in memory_kinds(config.memory_type):
         mem = config.memoria_config
         width = config.resolved_memory_inner_dim
         flops += 12.0 * len(config.resolved_memory_layers) * width * (mem.num_wm + mem.num_reminded)
@@ -167,7 +168,7 @@ def estimate_cost(config: MemoriaGPT2Config, params: int, sched: Schedule, cfg: 
     compute = fpt * sched.tokens_per_step / (world_size * A100_BF16_PEAK * MFU)
     memory_blocks = len(config.resolved_memory_layers)
     block_latency = BLOCK_LATENCY_S * (config.n_layer + (MEMORY_BLOCK_FACTOR - 1) * memory_blocks)
-    engine = MEMORY_STEP_S if config.memory_type == "memoria" else 0.0
+    engine = MEMORY_STEP_S if "memoria" in memory_kinds(config.memory_type) else 0.0
     latency = cfg.optim.grad_accum * (block_latency + engine) + OPTIMIZER_STEP_S
     comms = 0.0
     if world_size > 1:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..data import VOCAB_SIZE, enwik8_vocabulary
+from ..model.composition import memory_kinds
 from ..model import MemoriaGPT2Config
 from ..model.recurrent import memory_kind
 from .build import GPT2_SHAPES
@@ -43,7 +44,7 @@ def vocab_size(cfg: RunConfig) -> int:
 def engram_bytes_per_row(config: MemoriaGPT2Config, segment_length: int) -> dict[str, int]:
     """Bytes of one memory row of the model (`MemoryState` fields plus the carried context)."""
     d = config.n_embd
-    if config.memory_type == "memoria":
+    if "memoria" in memory_kinds(config.memory_type):
         mem = config.memoria_config
         c = mem.capacity
         count = torch.tensor([], dtype=getattr(torch, mem.count_dtype)).element_size()
@@ -70,7 +71,7 @@ def activation_bytes(config: MemoriaGPT2Config, micro_batch: int, segment_length
     s, b, h, a, n = segment_length, micro_batch, config.n_embd, config.n_head, config.n_layer
     keys = s + memory_kind(config).cached_slots(s)
     total = n * s * b * h * (34 + 5 * a * keys / h)
-    if config.memory_type == "memoria":  # per memory block: 2 layer norms, q/out projections, probabilities
+    if "memoria" in memory_kinds(config.memory_type):  # per memory block: 2 layer norms, q/out projections, probabilities
         mem = config.memoria_config
         engrams = mem.num_wm + mem.num_reminded
         total += len(config.resolved_memory_layers) * (s * b * h * 16 + 5 * a * s * b * engrams)

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..data import VOCAB_SIZE, ExampleStreams, StreamLayout, TokenStreams
 from ..eval.protocols import protocol_from_name
+from ..model.composition import memory_kinds
 from ..model.config import idle_settings, resolve_preset
 from ..model.recurrent import KINDS
 from . import distributed as dist_utils
@@ -200,8 +201,8 @@ def _build(cfg: RunConfig, info: DistInfo, lock: RunLock) -> tuple[RunContext, R
     if idle:
         log(f"note: model.settings {', '.join(idle)} configure another kind of memory; model.preset="
             f"{cfg.model.preset} (memory_type {memory_type}) does not read them: they change nothing in this run")
-    kind = KINDS.get(memory_type)
-    if kind is not None and kind.trains_across_segments and cfg.optim.bptt_segments == 1:
+    across = [k for k in memory_kinds(memory_type) if k in KINDS and KINDS[k].trains_across_segments]
+    if across and cfg.optim.bptt_segments == 1:
         log(f"note: model.preset={cfg.model.preset} (memory_type {memory_type}) trains its memory write from later "
             f"segments' losses, but optim.bptt_segments=1 back-propagates one segment at a time: its write gets no "
             f"gradient in this run; set optim.bptt_segments to 2 or more")
@@ -217,7 +218,7 @@ def _build(cfg: RunConfig, info: DistInfo, lock: RunLock) -> tuple[RunContext, R
     config = unwrap(engine.module).config
     ctx = RunContext(cfg=cfg, info=info, lock=lock, precision=precision, corpora=corpora,
                      vocab_size=vocab_size, total_steps=total_steps, update_steps=update_steps,
-                     memoria_config=config.memoria_config if config.memory_type == "memoria" else None,
+                     memoria_config=config.memoria_config if "memoria" in memory_kinds(config.memory_type) else None,
                      resumed=resumed)
     state = RunState.fresh(engine, streams, cfg.optim.grad_accum, info.device)
     seed_everything(cfg.seed + 1000 * (info.rank + 1))  # dropout streams differ per rank

@@ -21,7 +21,9 @@ import torch
 
 from ...memory import MemoriaConfig
 from ...rows import BatchRows
+from ..composition import is_composite, memory_kinds
 from .base import FORMAT, BlockWrites, MemoryKind, MemoryRead, at_fixed_addresses
+from .composite import CompositeKind, CompositeMemory, CompositeRead, check_composite_state
 from .compressive import CompressiveKind, CompressiveMemory, CompressiveRead, CompressiveSettings
 from .infinity import InfinityKind, InfinityMemory, InfinityRead, InfinitySettings
 from .memformer import MemformerKind, MemformerMemory, MemformerRead, MemformerSettings
@@ -39,7 +41,9 @@ RecurrentMemory = Union[NoMemory, XLMemory, MemoriaMemory, CompressiveMemory, In
 
 
 def memory_kind(config: Any) -> MemoryKind:
-    """The kind of memory a model with this `MemoriaGPT2Config` runs."""
+    """The kind of memory a model with this `MemoriaGPT2Config` runs (a composite's: `CompositeKind`)."""
+    if is_composite(config.memory_type):
+        return CompositeKind(config, KINDS)
     if config.memory_type not in KINDS:
         raise ValueError(f"unknown memory_type {config.memory_type!r}; expected one of {sorted(KINDS)}")
     return KINDS[config.memory_type](config)
@@ -66,18 +70,23 @@ def memory_from_state_dict(
     if not isinstance(state_dict, dict):
         raise ValueError(f"a saved memory must be a mapping, got a {type(state_dict).__name__}")
     kind = state_dict.get("kind")
-    if not isinstance(kind, str) or kind not in KINDS:
-        raise ValueError(f"unknown memory kind {kind!r}; expected one of {sorted(KINDS)}")
+    if not isinstance(kind, str) or any(k not in KINDS for k in memory_kinds(kind)):
+        raise ValueError(f"unknown memory kind {kind!r}; expected one of {sorted(KINDS)}, or several joined by '+'")
     if model_config is not None and kind != model_config.memory_type:
         raise ValueError(f"saved memory is of kind {kind!r} but this model's memory is {model_config.memory_type!r}")
     where = _non_finite(state_dict)
     if where is not None:
         raise ValueError(f"saved {kind} memory holds non-finite values in `{where}`: damaged or crafted, not loaded")
-    if model_config is not None and kind == "memoria" and config is None:
+    if model_config is not None and "memoria" in memory_kinds(kind) and config is None:
         config = model_config.memoria_config
     try:
-        KINDS[kind].check_state(state_dict, model_config)
-        memory = KINDS[kind].memory_class.from_state_dict(state_dict, config=config, device=device)
+        if is_composite(kind):
+            check_composite_state(state_dict, KINDS, model_config)
+            memory_class = CompositeMemory.of(memory_kinds(kind), KINDS)
+        else:
+            KINDS[kind].check_state(state_dict, model_config)
+            memory_class = KINDS[kind].memory_class
+        memory = memory_class.from_state_dict(state_dict, config=config, device=device)
         # its own tensors: a memory is written in place, and one sharing a live memory's tensors (its
         # `state_dict()`'s) would write into that one too
         return at_fixed_addresses(memory.clone() if isinstance(memory, BatchRows) else memory)
@@ -104,5 +113,6 @@ __all__ = [
     "InfinityMemory", "InfinityRead", "InfinityKind", "InfinitySettings",
     "MemorizingMemory", "MemorizingRead", "MemorizingKind", "MosaicMemory", "MosaicRead", "MosaicKind",
     "MemformerMemory", "MemformerRead", "MemformerKind", "MemformerSettings",
+    "CompositeKind", "CompositeMemory", "CompositeRead",
     "memory_kind", "memory_from_state_dict",
 ]
