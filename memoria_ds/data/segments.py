@@ -80,6 +80,7 @@ def run_segments(
     memory: Any = None,
     progress: str | None = None,
     attention_mask: bool = False,
+    forget: str | None = None,
 ) -> Iterator[Segment]:
     """Feed segments 0..steps-1 of `epoch` through `model`, carrying the memory it returns.
 
@@ -95,6 +96,8 @@ def run_segments(
             read before); later segments are reset as `reset` says.
         progress: a progress bar with this label (None: no bar).
         attention_mask: pass each batch's attention mask to the model (`forward_segment`).
+        forget: a part of a composite memory (`xl` of `xl+memoria`) reset before every segment,
+            the others carried (`memory.reset_part`).
 
     Yields:
         A `Segment` per step, after the model call; the memory the next segment reads is the
@@ -107,6 +110,8 @@ def run_segments(
         mask = reset.reset_mask(batch)
         if keep_first and step == 0:
             mask = torch.zeros_like(mask)
+        if forget is not None and memory is not None:
+            memory.reset_part(forget)
         out = forward_segment(model, batch, memory, mask, attention_mask=attention_mask)
         memory = logits_and_memory(out)[1]
         yield Segment(step, batch, out, mask)

@@ -14,6 +14,7 @@ the gain is then in nats per answer symbol, with both accuracies.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -32,6 +33,8 @@ class MemoryGain:
         ppl_with, ppl_without: the two perplexities.
         scored_tokens: the tokens both scored.
         accuracy_with, accuracy_without: the two sorting accuracies (None for language modelling).
+        part: the part of a composite memory reset in the reading without (`memoryless_<part>`), or
+            None (the whole memory).
     """
 
     split: str
@@ -41,6 +44,7 @@ class MemoryGain:
     scored_tokens: int
     accuracy_with: float | None = None
     accuracy_without: float | None = None
+    part: str | None = None
 
     @property
     def ppl_change(self) -> float:
@@ -52,8 +56,9 @@ class MemoryGain:
             return (f"memory gain {self.split}: {self.nats_per_token:+.4f} nats/answer symbol (accuracy "
                     f"{self.accuracy_with:.4f} with the memory, {self.accuracy_without:.4f} with it reset before every "
                     f"segment)")
-        return (f"memory gain {self.split}: {self.nats_per_token:+.4f} nats/token (ppl {self.ppl_with:.3f} with the "
-                f"memory, {self.ppl_without:.3f} with it reset before every segment: {100 * self.ppl_change:+.1f}%)")
+        what, it = ("memory gain", "it") if self.part is None else (f"gain of the memory's {self.part}", self.part)
+        return (f"{what} {self.split}: {self.nats_per_token:+.4f} nats/token (ppl {self.ppl_with:.3f} with the "
+                f"memory, {self.ppl_without:.3f} with {it} reset before every segment: {100 * self.ppl_change:+.1f}%)")
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ppl_change": self.ppl_change}
@@ -73,6 +78,20 @@ def _role(protocol: dict) -> str | None:
     return {"full": "with", "memoryless": "without"}.get(protocol.get("name"))
 
 
+def part_gains(results: Sequence[EvalResult | dict]) -> dict[str, MemoryGain]:
+    """What each part of a composite memory is worth: `memoryless_<part>` (that part reset before every
+    segment, the others carried) minus `full`, by part, for the parts the results scored."""
+    dicts = [r if isinstance(r, dict) else r.to_dict() for r in results]
+    full = next((r for r in dicts if r["protocol"].get("name") == "full"), None)
+    out = {}
+    for r in dicts:
+        name = r["protocol"].get("name", "")
+        if full is not None and name.startswith("memoryless_"):
+            part = name[len("memoryless_"):]
+            out[part] = dataclasses.replace(_gain(full, r), part=part)
+    return out
+
+
 def memory_gain(results: Sequence[EvalResult | dict]) -> MemoryGain | None:
     """The gain from one evaluation's results (`EvalResult`s or their dicts), or None unless it
     has both a `full` and a `memoryless` result (or a sorting result and its memoryless one).
@@ -86,6 +105,11 @@ def memory_gain(results: Sequence[EvalResult | dict]) -> MemoryGain | None:
     full, bare = by_role.get("with"), by_role.get("without")
     if full is None or bare is None:
         return None
+    return _gain(full, bare)
+
+
+def _gain(full: dict, bare: dict) -> MemoryGain:
+    """`bare` (without the memory, or a part of it) against `full`, checked to score the same tokens."""
     same = ("segment_length", "num_streams")
     if (full["split"] != bare["split"] or full["scored_tokens"] != bare["scored_tokens"]
             or any(full["protocol"][k] != bare["protocol"][k] for k in same)):

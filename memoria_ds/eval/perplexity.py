@@ -87,6 +87,10 @@ def evaluate_lm(
     d_rank, d_world = dist_coordinates()
     rank = d_rank if rank is None else rank
     world_size = d_world if world_size is None else world_size
+    parts = str(getattr(getattr(model, "config", None), "memory_type", "")).split("+")
+    if protocol.forget is not None and (len(parts) < 2 or protocol.forget not in parts):
+        raise ValueError(f"protocol {protocol.name!r} forgets the part {protocol.forget!r} of a composite memory; "
+                         f"this model's memory is {'+'.join(parts) or 'none'!r}")
     replicated = protocol.num_streams == 1 and world_size > 1
     if protocol.num_streams % world_size and not replicated:
         raise ValueError(
@@ -114,7 +118,7 @@ def evaluate_lm(
     keys = capture_keys(model, knn.key) if knn is not None else contextlib.nullcontext()
     with evaluating(model), keys as held:
         for seg in run_segments(model, streams, reset=protocol.reset, device=device, steps=steps, progress=label,
-                                memory=memory):
+                                memory=memory, forget=protocol.forget):
             batch = seg.batch
             if on_step is not None:
                 on_step(seg.step, batch, seg.output)

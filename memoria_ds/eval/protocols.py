@@ -16,6 +16,9 @@ reset per `reset`. Two named protocols:
   same streams and the same scored tokens, without anything carried between segments.
   Beside `full` it measures what the memory is worth (`memoria_ds.eval.gain`); for a model
   without memory the two are equal.
+- `memoryless_<part>` (`memoryless_xl`): `full` with one part of a composite memory
+  (`model.preset=xl+memoria`) reset before every segment, the others carried: beside `full`,
+  what that part is worth in this model.
 
 `custom` allows any combination, recorded as it is.
 """
@@ -27,7 +30,8 @@ from typing import Any, Literal
 
 from memoria_ds.data.reset import ResetPolicy
 
-ProtocolName = Literal["paper", "full", "memoryless", "custom"]
+ProtocolName = Literal["paper", "full", "memoryless", "custom"]  # or "memoryless_<part>" (`forget_protocol`)
+FORGET = "memoryless_"  # the prefix of a protocol that forgets one part of a composite memory
 
 
 EVERY_SEGMENT = ResetPolicy(every_n_steps=1)  # `memoryless`: nothing carried between segments
@@ -56,9 +60,16 @@ class EvalProtocol:
     reset: ResetPolicy = field(default_factory=ResetPolicy)
     score_segment_first: bool = True
 
+    @property
+    def forget(self) -> str | None:
+        """The part of a composite memory reset before every segment (`memoryless_<part>`), or None."""
+        return self.name[len(FORGET):] if self.name.startswith(FORGET) else None
+
     def __post_init__(self) -> None:
-        if self.name not in ("paper", "full", "memoryless", "custom"):
-            raise ValueError(f"protocol name must be 'paper', 'full', 'memoryless' or 'custom', got {self.name!r}")
+        if self.name not in ("paper", "full", "memoryless", "custom") and not (
+                self.name.startswith(FORGET) and self.name[len(FORGET):].isidentifier()):
+            raise ValueError(f"protocol name must be 'paper', 'full', 'memoryless', 'memoryless_<part>' or 'custom', "
+                             f"got {self.name!r}")
         if self.segment_length < 2:
             raise ValueError(f"`segment_length` must be >= 2, got {self.segment_length}")
         if self.num_streams < 1:
@@ -70,7 +81,7 @@ class EvalProtocol:
                 "the `paper` protocol is one stream, no resets, segment-first tokens not scored; "
                 "use name='custom' for other combinations"
             )
-        if self.name in ("full", "memoryless") and not self.score_segment_first:
+        if (self.name in ("full", "memoryless") or self.forget) and not self.score_segment_first:
             raise ValueError(f"the `{self.name}` protocol scores every token; use name='custom' to skip "
                              "segment-first tokens")
         if self.name == "memoryless" and self.reset != EVERY_SEGMENT:
@@ -106,7 +117,14 @@ def memoryless_protocol(segment_length: int = 150, num_streams: int = 1) -> Eval
     return EvalProtocol("memoryless", segment_length, num_streams, EVERY_SEGMENT, score_segment_first=True)
 
 
-PROTOCOL_NAMES = ("full", "paper", "memoryless")  # what a run configuration may name
+def forget_protocol(part: str, segment_length: int = 150, num_streams: int = 1,
+                    reset: ResetPolicy | str = "never") -> EvalProtocol:
+    """`full` (with its reset policy) with the composite memory's `part` reset before every segment."""
+    policy = ResetPolicy.parse(reset) if isinstance(reset, str) else reset
+    return EvalProtocol(f"{FORGET}{part}", segment_length, num_streams, policy, score_segment_first=True)
+
+
+PROTOCOL_NAMES = ("full", "paper", "memoryless")  # what a run configuration may name (and `memoryless_<part>`)
 
 
 def protocol_from_name(name: str, segment_length: int = 150, num_streams: int = 1,
@@ -119,4 +137,7 @@ def protocol_from_name(name: str, segment_length: int = 150, num_streams: int = 
         return full_protocol(segment_length, num_streams, reset)
     if name == "memoryless":
         return memoryless_protocol(segment_length, num_streams)
-    raise ValueError(f"unknown protocol {name!r}; use one of {', '.join(PROTOCOL_NAMES)} (or build an EvalProtocol)")
+    if name.startswith(FORGET):
+        return forget_protocol(name[len(FORGET):], segment_length, num_streams, reset)
+    raise ValueError(f"unknown protocol {name!r}; use one of {', '.join(PROTOCOL_NAMES)}, `memoryless_<part>` of a "
+                     f"composite memory (or build an EvalProtocol)")

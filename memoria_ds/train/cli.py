@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from ..eval.gain import memory_gain
+from ..eval.gain import memory_gain, part_gains
 from .checkpoints import CheckpointError
 from .config import RunConfig
 from .run_lock import RunDirInUse, RunDirUnusable
@@ -59,6 +59,7 @@ def describe_summary(summary: dict) -> str:
     gain = memory_gain(summary["eval"])
     if gain is not None:
         lines.append(gain.describe())
+    lines += [g.describe() for g in part_gains(summary["eval"]).values()]
     lines.append(f"run directory: {summary['run_dir']} (summary.json, metrics.jsonl, eval/, checkpoints/)")
     if summary.get("export"):
         lines.append(f"Hugging Face export: {summary['export']}")

@@ -22,8 +22,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from ..data.corpora import CORPORA
 from ..data.reset import ResetPolicy
 from ..data.sorting import NUM_SYMBOLS
-from ..eval.protocols import PROTOCOL_NAMES
+from ..eval.protocols import FORGET, PROTOCOL_NAMES
 from ..memory import COMPILE_MODES
+from ..model.composition import memory_kinds
 from ..model.config import check_model_settings, position_banks, resolve_preset
 from ..model.mosaic.config import MOSAIC_FIELDS, MOSAIC_PRESETS, MemoryMosaicConfig
 from ..setting_rules import SettingError
@@ -512,9 +513,10 @@ class EvalSection(Section):
 
     @model_validator(mode="after")
     def check(self):
-        bad = [p for p in self.protocols if p not in PROTOCOL_NAMES]
+        bad = [p for p in self.protocols if p not in PROTOCOL_NAMES and not p.startswith(FORGET)]
         if bad:
-            raise ValueError(f"unknown eval protocol(s) {bad}; use any of `full`, `paper`, `memoryless`")
+            raise ValueError(f"unknown eval protocol(s) {bad}; use any of `full`, `paper`, `memoryless`, or "
+                             f"`memoryless_<part>` for a part of a composite memory (`memoryless_xl`)")
         if len(set(self.protocols)) < len(self.protocols):
             raise ValueError(f"`eval.protocols` {self.protocols} names a protocol twice")
         if not self.protocols and (self.at_end or self.every):
@@ -573,6 +575,14 @@ class RunConfig(Section):
             raise ValueError(f"`data.segment_length` ({self.data.segment_length}) exceeds the model's positions "
                              f"(`model.settings.n_positions` = {self.model.settings.get('n_positions', 1024)}){half}; "
                              f"raise n_positions or shorten segments")
+        kinds = memory_kinds(values.get("memory_type", "memoria"))
+        parts = [p[len(FORGET):] for p in self.eval.protocols if p.startswith(FORGET)]
+        wrong = [p for p in parts if len(kinds) < 2 or p not in kinds]
+        if wrong:
+            raise ValueError(f"`eval.protocols` names `{FORGET}{wrong[0]}`, which forgets the part {wrong[0]!r} of a "
+                             f"composite memory; model.preset={self.model.preset} carries "
+                             f"{'+'.join(kinds)!r}" + (f": its parts are {list(kinds)}" if len(kinds) > 1 else
+                                                       ", a single kind: use `memoryless`"))
         if self.lora.enabled and self.model.from_scratch:
             raise ValueError("LoRA adapts a pretrained backbone: set `lora.enabled: false` for `model.from_scratch`")
         # every corpus loader names its splits train / validation / test; local files, as data.files does

@@ -227,7 +227,7 @@ def run(cfg: RunConfig, source: str, out: Path, info, memory: Path | None = None
     import torch
 
     from ..eval.configured import describe, evaluate_split, result_file, result_key
-    from ..eval.gain import memory_gain
+    from ..eval.gain import memory_gain, part_gains
     from .build import load_corpora
 
     knn = cfg.eval.knn_lm
@@ -279,6 +279,8 @@ def run(cfg: RunConfig, source: str, out: Path, info, memory: Path | None = None
         gain = memory_gain(results)
         if gain is not None:
             print(gain.describe(), flush=True)
+        for part_gain in part_gains(results).values():
+            print(part_gain.describe(), flush=True)
         written = sorted(result_file(out, cfg.eval.split, result_key(r), suffix).name for r in results)
         written += [p.name for p in traces if p.is_file()]
         replaced = [name for name in written if name in earlier]

@@ -27,7 +27,7 @@ import torch.utils.checkpoint
 
 from ..eval import EvalResult
 from ..eval.configured import describe, evaluate_split
-from ..eval.gain import memory_gain
+from ..eval.gain import memory_gain, part_gains
 from ..data.reset import ResetPolicy
 from ..data.segments import forward_segment
 from ..memory import graph_stats
@@ -120,6 +120,7 @@ def train(ctx: RunContext, state: RunState) -> dict[str, Any]:
     gain = memory_gain(results)
     summary = {"steps": ctx.total_steps, "final_train_loss": last_loss,
                "eval": [r.to_dict() for r in results], "memory_gain": gain.to_dict() if gain else None,
+               "memory_gain_parts": {part: g.to_dict() for part, g in part_gains(results).items()},
                "export": str(export_dir) if export_dir else None, "run_dir": str(ctx.run_dir)}
     if info.is_main:
         (ctx.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -351,6 +352,9 @@ def evaluate(ctx: RunContext, state: RunState, writer: MetricsWriter, step: int)
     gain = memory_gain(results)  # with `memoryless` beside `full`: what the memory is worth
     if gain is not None:
         writer.log(step, gain.scalars(), kind="eval_memory_gain")
+        writer.message(f"eval step {step} {gain.describe()}")
+    for part, gain in part_gains(results).items():  # `memoryless_<part>`: what one part of a composite is worth
+        writer.log(step, gain.scalars(), kind=f"eval_memory_gain_{part}")
         writer.message(f"eval step {step} {gain.describe()}")
     state.engine.train()
     return results

@@ -165,3 +165,56 @@ def test_a_composite_model_saves_and_loads_through_the_auto_classes(make_model, 
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     again = build_model(tmp_path, "xl+memoria")
     assert again.config.memory_kinds == ("xl", "memoria")
+
+
+def test_each_part_is_worth_what_forgetting_it_costs(make_model):
+    """`memoryless_<part>` scores `full`'s tokens with that part reset before every segment (a per-segment
+    reference below) and the others carried; `part_gains` pairs each with `full`."""
+    import numpy as np
+
+    from memoria_ds.data import TokenCorpus
+    from memoria_ds.eval import evaluate_lm, full_protocol, part_gains, protocol_from_name
+
+    model = make_model("xl+memoria", memory_init="random", segment_length=12)
+    rng = np.random.default_rng(0)
+    corpus = TokenCorpus.from_token_lists([rng.integers(0, VOCAB, 60).tolist()],
+                                          metadata={"corpus": "toy", "split": "test"})
+    full = evaluate_lm(model, corpus, full_protocol(12, 1), progress=False)
+    parts = {p: evaluate_lm(model, corpus, protocol_from_name(f"memoryless_{p}", 12, 1), progress=False)
+             for p in ("xl", "memoria")}
+    tokens = torch.tensor(np.asarray(corpus.tokens, dtype=np.int64))[None]  # (1, 60): one stream, 5 segments of 12
+    for part, result in parts.items():  # the reference: segment by segment, the part forgotten before each
+        memory, nll = None, 0.0
+        with torch.no_grad():
+            for s in range(5):
+                x = tokens[:, 12 * s: 12 * s + 12]
+                if memory is not None:
+                    memory.reset_part(part)
+                out = model(x, memory=memory)
+                memory = out.memory
+                targets = tokens[0, 12 * s + 1: 12 * s + 13]
+                logp = out.logits[0, : targets.numel()].log_softmax(-1)
+                nll -= float(logp.gather(1, targets[:, None]).sum())
+        assert result.scored_tokens == full.scored_tokens == 59
+        assert result.nll_sum == pytest.approx(nll, rel=1e-5), part
+        assert result.protocol["name"] == f"memoryless_{part}"
+    gains = part_gains([full, *parts.values()])
+    assert sorted(gains) == ["memoria", "xl"]
+    for part, gain in gains.items():
+        assert gain.part == part and gain.nats_per_token == pytest.approx(parts[part].nll - full.nll)
+        assert gain.describe().startswith(f"gain of the memory's {part} test: ")
+    with pytest.raises(ValueError, match="forgets the part 'xl' of a composite memory"):
+        evaluate_lm(make_model("xl"), corpus, protocol_from_name("memoryless_xl", 12, 1), progress=False)
+
+
+def test_a_run_configuration_names_only_parts_its_model_has():
+    from memoria_ds.train.config import RunConfig
+    from memoria_ds.train.parse import ConfigError, load
+
+    ok = load(RunConfig, None, ["model.preset=xl+memoria", "eval.protocols=[full,memoryless,memoryless_xl]"])
+    assert ok.eval.protocols == ["full", "memoryless", "memoryless_xl"]
+    for preset, name, match in (("xl", "memoryless_xl", "a single kind: use `memoryless`"),
+                                ("xl+memoria", "memoryless_memorizing", "its parts are \\['xl', 'memoria'\\]"),
+                                ("xl+memoria", "nothing", "unknown eval protocol")):
+        with pytest.raises(ConfigError, match=match):
+            load(RunConfig, None, [f"model.preset={preset}", f"eval.protocols=[full,{name}]"])

@@ -39,3 +39,22 @@ def test_a_world_size_change_continues_the_same_optimisation(tmp_path):
     b = {r["step"]: r["loss"] for r in metrics(moved)}
     assert a[1] == b[1] and a[2] == b[2]
     assert abs(a[3] - b[3]) < 1e-4 * abs(a[3]), f"step 3 after 2 -> 1: {b[3]} vs uninterrupted {a[3]}"
+
+
+def test_the_run_reports_what_each_part_is_worth(tmp_path):
+    import json
+
+    run = tmp_path / "run"
+    proc = run_training(run, *SETTINGS, "optim.max_steps=2", "eval.at_end=true",
+                        "eval.protocols=[full,memoryless,memoryless_xl,memoryless_memoria]", ranks=2)
+    check(proc)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["memory_gain"] is not None
+    parts = summary["memory_gain_parts"]
+    assert sorted(parts) == ["memoria", "xl"] and all(p["part"] == k for k, p in parts.items())
+    full = next(r for r in summary["eval"] if r["protocol"]["name"] == "full")
+    for part, gain in parts.items():
+        bare = next(r for r in summary["eval"] if r["protocol"]["name"] == f"memoryless_{part}")
+        assert bare["scored_tokens"] == full["scored_tokens"]
+        assert abs(gain["nats_per_token"] - (bare["nll"] - full["nll"])) < 1e-9
+    assert "gain of the memory's xl" in proc.stdout + proc.stderr
