@@ -3,7 +3,7 @@
 A large sparse parametric memory that a block reads in place of (or after) its MLP. Written
 from the paper and a reading of facebookresearch/XLM's `xlm/model/memory/memory.py`
 (`HashingMemoryProductFast`, CC BY-NC: not copied) in the configuration of its
-`PKM-layer.ipynb`; docs/field_memories.md ("Product-Key Memory") gives each default's source
+`PKM-layer.ipynb`; docs/pkm.md gives each default's source
 and where this layer departs from XLM.
 
 For each token x (per head h):
@@ -45,7 +45,7 @@ PLACEMENTS = ("replace", "after")
 
 @dataclass(frozen=True)
 class PKMSettings:
-    """The sizes of every PKM layer of a model (`MemoriaGPT2Config.pkm`; sources in docs/field_memories.md).
+    """The sizes of every PKM layer of a model (`MemoriaGPT2Config.pkm`; sources in docs/pkm.md).
 
     Attributes:
         n_keys: sub-keys per half, n; the memory has n^2 value slots (XLM and the paper: 512).
