@@ -22,14 +22,21 @@ OPT_KNOBS = {
 
 
 def parse_variant(spec: str) -> tuple[str, dict, dict]:
-    """`preset+key=value+opt.knob=value` -> (preset, model settings, optimiser knobs).
+    """`preset+key=value+opt.knob=value` -> (preset, model settings, optimiser knobs). The preset may
+    be a composite, its parts joined by `+` before the first pair (`xl+memoria+engram_loss=1.0`).
 
     Raises:
         ValueError: an unknown preset or optimiser knob, a pair without `=`, a knob's bad value.
     """
-    preset, *pairs = spec.split("+")
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r} in {spec!r}; known: {sorted(PRESETS)}")
+    parts = spec.split("+")
+    first = next((i for i, part in enumerate(parts) if "=" in part), len(parts))
+    preset, pairs = "+".join(parts[:first]), parts[first:]
+    if parts[0] not in PRESETS:
+        raise ValueError(f"unknown preset {parts[0]!r} in {spec!r}; known: {sorted(PRESETS)}")
+    joined = [part for part in parts[1:first] if part not in PRESETS]
+    if joined:
+        raise ValueError(f"{joined[0]!r} in {spec!r} is not key=value (e.g. {parts[0]}+opt.memory_lr=0.3), nor a "
+                         f"preset to join (e.g. xl+memoria)")
     settings, knobs = {}, dict(OPT_KNOBS)
     for pair in pairs:
         if "=" not in pair:
