@@ -64,7 +64,7 @@ def make_model(name: str, a: argparse.Namespace, seed: int) -> torch.nn.Module:
     )  # fmt: skip
     memoria = {"num_wm": a.num_wm, "num_stm_reminded": a.num_wm, "num_ltm_reminded": a.num_wm}
     memoria.update(stm_capacity=4 * a.num_wm, initial_lifespan=5.0, alpha=8.0, search_depth=10)
-    if PRESETS[preset]["memory_type"] == "memoria":
+    if any(PRESETS[part]["memory_type"] == "memoria" for part in preset.split("+")):  # `xl+memoria`: its parts
         extra["memoria"] = memoria
     torch.manual_seed(seed)
     return build_model(backbone, preset, memory_init=a.init, **extra)

@@ -201,7 +201,7 @@ def make_model(spec: str, a: argparse.Namespace, seed: int) -> tuple[torch.nn.Mo
     # two segments of positions: `xl` alternates between two banks (the others use the first)
     backbone = GPT2Config(vocab_size=a.vocab_size, n_positions=2 * a.segment, n_layer=a.layers,
                           n_embd=a.width, n_head=a.heads)  # fmt: skip
-    if PRESETS[preset]["memory_type"] == "memoria":
+    if any(PRESETS[part]["memory_type"] == "memoria" for part in preset.split("+")):  # `xl+memoria`: its parts
         memoria = {"num_wm": a.num_wm, "num_stm_reminded": a.num_wm, "num_ltm_reminded": a.num_wm,
                    "stm_capacity": 8 * a.num_wm}  # fmt: skip
         memoria.update(settings.pop("memoria", {}))

@@ -73,7 +73,7 @@ def make_model(spec: str, a: argparse.Namespace, seed: int) -> tuple[torch.nn.Mo
     backbone = GPT2Config(vocab_size=VOCAB_SIZE, n_positions=2 * a.segment, n_layer=a.layers, n_embd=a.width,
                           n_head=a.heads, resid_pdrop=a.dropout, embd_pdrop=a.dropout, attn_pdrop=a.dropout,
                           bos_token_id=0, eos_token_id=0)  # fmt: skip
-    if PRESETS[preset]["memory_type"] == "memoria":
+    if any(PRESETS[part]["memory_type"] == "memoria" for part in preset.split("+")):  # `xl+memoria`: its parts
         settings["memoria"] = {**memory_sizes(a.segment), **settings.get("memoria", {})}
         settings.setdefault("memory_inner_dim_ratio", a.memory_width)  # the reproduction's, unless the variant says
     settings.setdefault("segment_length", a.segment)  # e.g. the infinity-former's basis: one function per token
