@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .protocols import FORGET
 from .result import EvalResult
 
 
@@ -86,8 +87,8 @@ def part_gains(results: Sequence[EvalResult | dict]) -> dict[str, MemoryGain]:
     out = {}
     for r in dicts:
         name = r["protocol"].get("name", "")
-        if full is not None and name.startswith("memoryless_"):
-            part = name[len("memoryless_"):]
+        if full is not None and name.startswith(FORGET):
+            part = name[len(FORGET):]
             out[part] = dataclasses.replace(_gain(full, r), part=part)
     return out
 

@@ -27,6 +27,26 @@ def run_stream(model, segs, memory=None, **kwargs):
     return outs, memory
 
 
+def assert_only_later_tokens_change(a, b, t: int, pos: int, later: float = 1e-6) -> None:
+    """Causality of a carried memory, from the logits of a stream (`a`, per segment) and of the same
+    stream with token `pos` of segment `t` changed (`b`): every earlier segment bit-identical, the
+    earlier positions of segment t unchanged, the changed position itself changed, and every later
+    segment changed by more than `later` (the memory carries the change forward)."""
+    for i in range(t):
+        torch.testing.assert_close(a[i], b[i], rtol=0, atol=0)
+    torch.testing.assert_close(a[t][:, :pos], b[t][:, :pos], rtol=0, atol=1e-6)
+    assert (a[t][:, pos] - b[t][:, pos]).abs().max() > 1e-4
+    for i in range(t + 1, len(a)):
+        assert (a[i] - b[i]).abs().max() > later, f"segment {i} ignores segment {t}"
+
+
+def changed_token(segs: list[torch.Tensor], t: int, pos: int) -> list[torch.Tensor]:
+    """`segs` with token `pos` of segment `t` replaced by the next one of the vocabulary."""
+    changed = [s.clone() for s in segs]
+    changed[t][:, pos] = (changed[t][:, pos] + 1) % VOCAB
+    return changed
+
+
 def assert_row_operations_keep_outputs(model, segs, memory, logits, atol: float) -> None:
     """The row contract of a carried memory: `take_rows`, `put_rows` and `cat` give every row the
     logits the whole memory gives it. `memory` is the state after some segments of 4 rows;

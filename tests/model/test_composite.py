@@ -7,8 +7,10 @@ import io
 
 import pytest
 import torch
-from model_helpers import VOCAB, assert_a_reset_row_starts_a_fresh_stream, assert_row_operations_keep_outputs, \
-    run_stream, segments
+from model_helpers import (
+    VOCAB, assert_a_reset_row_starts_a_fresh_stream, assert_only_later_tokens_change,
+    assert_row_operations_keep_outputs, changed_token, run_stream, segments,
+)
 
 from memoria_ds.model import build_model
 from memoria_ds.model.config import check_model_settings
@@ -96,14 +98,8 @@ def test_a_part_that_starts_as_the_backbone_leaves_the_other_part_alone(make_mod
 def test_a_token_affects_only_what_comes_after_it(make_model, preset, t, pos):
     model = make_model(preset, memory_init="random", segment_length=12)
     segs = segments(count=4)
-    changed = [s.clone() for s in segs]
-    changed[t][:, pos] = (changed[t][:, pos] + 1) % VOCAB
-    a, b = _logits(model, segs), _logits(model, changed)
-    for i in range(t):
-        torch.testing.assert_close(a[i], b[i], rtol=0, atol=0)
-    torch.testing.assert_close(a[t][:, :pos], b[t][:, :pos], rtol=0, atol=1e-6)
-    for i in range(t + 1, 4):  # both memories carry the change forward
-        assert (a[i] - b[i]).abs().max() > 1e-6, f"segment {i} ignores segment {t}"
+    a, b = _logits(model, segs), _logits(model, changed_token(segs, t, pos))
+    assert_only_later_tokens_change(a, b, t, pos)
 
 
 def test_the_engrams_and_the_cache_are_both_read(make_model):

@@ -9,7 +9,8 @@ import subprocess
 import sys
 import textwrap
 
-SCRIPT = textwrap.dedent(
+# one CPU rank (gloo), a tiny backbone and a ZeRO-3 config: what both scripts start from
+PRELUDE = textwrap.dedent(
     """
     import json, os, socket, torch
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -25,12 +26,17 @@ SCRIPT = textwrap.dedent(
     torch.manual_seed(0)
     backbone = GPT2Config(vocab_size=257, n_positions=64, n_embd=64, n_layer=2, n_head=4, resid_pdrop=0.0,
                           embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
-    memoria = dict(num_wm=4, num_stm_reminded=3, num_ltm_reminded=3, stm_capacity=8, initial_lifespan=3.0, alpha=2.0)
     ds = {"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 1,
           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
           "optimizer": {"type": "Adam", "params": {"lr": 3e-3, "torch_adam": True}},
           "zero_allow_untested_optimizer": True}
     init_distributed()  # the toolkit's own start: gloo, without DeepSpeed's shm op (no compile, no file lock)
+    """
+)
+
+SCRIPT = PRELUDE + textwrap.dedent(
+    """
+    memoria = dict(num_wm=4, num_stm_reminded=3, num_ltm_reminded=3, stm_capacity=8, initial_lifespan=3.0, alpha=2.0)
     keep = HfDeepSpeedConfig(ds)  # HF partitions while building and initialises gathered
     model = build_model(backbone, "memoria", memoria=memoria)
     partitioned = model.transformer.wte.weight.numel() == 0
@@ -54,41 +60,26 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_memoria_trains_under_zero3(tmp_path):
-    script = tmp_path / "zero3.py"
-    script.write_text(SCRIPT)
+def _run(script, text: str) -> dict:
+    """Run `text` as a script on one CPU rank; the JSON of its last line."""
+    script.write_text(text)
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_memoria_trains_under_zero3(tmp_path):
+    result = _run(tmp_path / "zero3.py", SCRIPT)
     assert result["partitioned"]  # ZeRO-3 really partitioned the weights
     assert result["steps"] == [3, 3, 3]
     assert all(x == x and x < 10 for x in result["losses"]) and result["losses"][-1] < result["losses"][0]
     assert result["moved"] > 0  # the no-op output projection was gathered, trained and is non-zero now
 
 
-PKM_SCRIPT = textwrap.dedent(
+PKM_SCRIPT = PRELUDE + textwrap.dedent(
     """
-    import json, os, socket, torch
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    import deepspeed
-    from transformers import GPT2Config
-    from transformers.integrations import HfDeepSpeedConfig
-    from memoria_ds.model import build_model
-    from memoria_ds.train.distributed import init_distributed
     from memoria_ds.train.engine import param_groups
-
-    torch.manual_seed(0)
-    backbone = GPT2Config(vocab_size=257, n_positions=64, n_embd=64, n_layer=2, n_head=4, resid_pdrop=0.0,
-                          embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
-    ds = {"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 1,
-          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-          "optimizer": {"type": "Adam", "params": {"lr": 3e-3, "torch_adam": True}},
-          "zero_allow_untested_optimizer": True}
-    init_distributed()
     keep = HfDeepSpeedConfig(ds)  # HF partitions while building and initialises gathered
     model = build_model(backbone, "xl", pkm_layers=[1], pkm=dict(n_keys=8, heads=2, knn=4, k_dim=16))
     pkm = model.memory_blocks[1].pkm
@@ -120,12 +111,7 @@ PKM_SCRIPT = textwrap.dedent(
 def test_pkm_layers_train_under_zero3(tmp_path):
     """A PKM layer's weights are gathered by its modules' calls, initialised as XLM's (gathered by HF),
     all trained, the values in their own group; its batch norm's statistics move once per forward."""
-    script = tmp_path / "zero3_pkm.py"
-    script.write_text(PKM_SCRIPT)
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = _run(tmp_path / "zero3_pkm.py", PKM_SCRIPT)
     assert result["partitioned"]
     assert result["init"]["keys"] <= 8**-0.5 and abs(result["init"]["values"] - 64**-0.5) < 0.02
     assert all(x == x and x < 10 for x in result["losses"]) and result["losses"][-1] < result["losses"][0]

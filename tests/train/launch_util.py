@@ -95,3 +95,22 @@ def kill_and_resume(tmp_path: Path, *overrides: str, ranks: int = 2) -> tuple[Pa
     b = {r["step"]: r["loss"] for r in metrics(killed)}  # steps 3 (again, after the resume from 2) and 4
     assert a[3] == b[3] and a[4] == b[4], (a, b)
     return whole, killed
+
+
+def move_two_ranks_to_one(tmp_path: Path, *overrides: str) -> None:
+    """2 ranks for 2 steps, then 1 rank (micro-batches x2 accumulation): step 3 matches an uninterrupted
+    2-rank run to reduction-order rounding (weights, Adam moments, the schedule, the memory rows
+    re-sharded by stream and the stream positions carried over); steps 1-2 bit for bit."""
+    from memoria_ds.train.faults import EXIT_CODE
+
+    common = (*overrides, "optim.max_steps=3", "eval.at_end=false")
+    whole, moved = tmp_path / "whole", tmp_path / "moved"
+    check(run_training(whole, *common, "checkpoint.every=1", ranks=2))
+    killed = run_training(moved, *common, "checkpoint.every=2", ranks=2, fault="kill_after_step:2")
+    assert killed.returncode == EXIT_CODE, killed.stderr[-3000:]
+    check(run_training(moved, *common, "checkpoint.every=1", "optim.grad_accum=2", "checkpoint.resume=auto",
+                       ranks=1))
+    a = {r["step"]: r["loss"] for r in metrics(whole)}
+    b = {r["step"]: r["loss"] for r in metrics(moved)}
+    assert a[1] == b[1] and a[2] == b[2], "same two steps before the move"
+    assert abs(a[3] - b[3]) < 1e-4 * abs(a[3]), f"step 3 after 2 -> 1: {b[3]} vs uninterrupted {a[3]}"

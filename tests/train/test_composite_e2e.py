@@ -7,9 +7,8 @@ from __future__ import annotations
 import torch
 
 from memoria_ds.safe_io import load_tree
-from memoria_ds.train.faults import EXIT_CODE
 
-from .launch_util import check, kill_and_resume, metrics, run_training
+from .launch_util import check, kill_and_resume, move_two_ranks_to_one, run_training
 
 SETTINGS = ("model.preset=xl+memoria",
             "model.settings={n_layer: 2, n_embd: 32, n_head: 2, n_positions: 64, resid_pdrop: 0.0, "
@@ -28,17 +27,7 @@ def test_two_ranks_resume_bit_identically_with_both_parts_in_the_checkpoint(tmp_
 
 
 def test_a_world_size_change_continues_the_same_optimisation(tmp_path):
-    whole, moved = tmp_path / "whole", tmp_path / "moved"
-    check(run_training(whole, *SETTINGS, "optim.max_steps=3", "checkpoint.every=1", "eval.at_end=false", ranks=2))
-    proc = run_training(moved, *SETTINGS, "optim.max_steps=3", "checkpoint.every=2", "eval.at_end=false", ranks=2,
-                        fault="kill_after_step:2")
-    assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
-    check(run_training(moved, *SETTINGS, "optim.max_steps=3", "checkpoint.every=1", "eval.at_end=false",
-                       "optim.grad_accum=2", "checkpoint.resume=auto", ranks=1))
-    a = {r["step"]: r["loss"] for r in metrics(whole)}
-    b = {r["step"]: r["loss"] for r in metrics(moved)}
-    assert a[1] == b[1] and a[2] == b[2]
-    assert abs(a[3] - b[3]) < 1e-4 * abs(a[3]), f"step 3 after 2 -> 1: {b[3]} vs uninterrupted {a[3]}"
+    move_two_ranks_to_one(tmp_path, *SETTINGS)
 
 
 def test_the_run_reports_what_each_part_is_worth(tmp_path):

@@ -9,9 +9,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from memoria_ds.safe_io import load_tree
 from memoria_ds.train.checkpoints import validate
-from memoria_ds.train.faults import EXIT_CODE
 
-from .launch_util import ROOT, check, metrics, run_training
+from .launch_util import ROOT, check, metrics, move_two_ranks_to_one, run_training
 
 
 def _memory_rows(ckpt_dir, world_size):
@@ -77,17 +76,7 @@ def test_a_world_size_change_continues_the_same_optimisation(tmp_path):
     """2 ranks for 2 steps, then 1 rank: step 3 matches an uninterrupted 2-rank run (fp32,
     no dropout) to reduction-order rounding, so weights, Adam moments, the schedule, the
     memory rows and the stream positions all carried over."""
-    whole, moved = tmp_path / "whole", tmp_path / "moved"
-    check(run_training(whole, NO_DROPOUT, "optim.max_steps=3", "checkpoint.every=1", "eval.at_end=false", ranks=2))
-    killed = run_training(moved, NO_DROPOUT, "optim.max_steps=3", "checkpoint.every=2", "eval.at_end=false",
-                          ranks=2, fault="kill_after_step:2")
-    assert killed.returncode == EXIT_CODE, killed.stderr[-3000:]
-    check(run_training(moved, NO_DROPOUT, "optim.max_steps=3", "checkpoint.every=1", "eval.at_end=false",
-                       "optim.grad_accum=2", "checkpoint.resume=auto", ranks=1))
-    a = {r["step"]: r["loss"] for r in metrics(whole)}
-    b = {r["step"]: r["loss"] for r in metrics(moved)}
-    assert a[1] == b[1] and a[2] == b[2], "same two steps before the move"
-    assert abs(a[3] - b[3]) < 1e-4 * abs(a[3]), f"step 3 after 2 -> 1: {b[3]} vs uninterrupted {a[3]}"
+    move_two_ranks_to_one(tmp_path, NO_DROPOUT)
 
 
 def test_resharding_keeps_every_stream_memory(tmp_path):
