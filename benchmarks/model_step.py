@@ -130,7 +130,7 @@ def variant_settings(name: str, n_layer: int) -> tuple[str, dict]:
     if name.startswith("memoria_width="):
         return "memoria", {"memory_inner_dim_ratio": float(name.split("=", 1)[1])}
     if name.startswith("memorizing_size="):  # the Memorizing Transformer with a memory of M pairs
-        return "memorizing", {"memory_settings": {"size": int(name.split("=", 1)[1])}}
+        return "memorizing", {"memory_settings": {"memorizing": {"size": int(name.split("=", 1)[1])}}}
     if "+" in name:  # `preset+key=value...`, as real_text.py and sorting.py name a variant (optimiser knobs ignored)
         try:
             preset, settings, _ = parse_variant(name)
@@ -159,25 +159,30 @@ def make_model(name: str, a: argparse.Namespace) -> torch.nn.Module:
 
 def prefill(model, memory, steps: int) -> None:
     """Fill a Memoria memory with real engine steps on random engrams (model untouched); a
-    Memorizing Transformer's kNN memory to its cap with random unit keys (its steady state)."""
-    if steps and model.config.memory_type == "memorizing":
-        cfg, B = model.config, memory.batch_size
-        size = model.memory_kind.settings.size
+    Memorizing Transformer's kNN memory to its cap with random unit keys (its steady state); a
+    composite's parts each so."""
+    kinds = model.config.memory_kinds
+    if not steps or not {"memorizing", "memoria"} & set(kinds):
+        return
+    parts = memory.parts() if len(kinds) > 1 else {kinds[0]: memory}
+    kind = model.memory_kind
+    if "memorizing" in parts:
+        part = parts["memorizing"]
+        cfg, B = model.config, part.batch_size
+        size = (kind.parts["memorizing"] if len(kinds) > 1 else kind).settings.size
         shape = (B, cfg.n_head, size, cfg.n_embd // cfg.n_head)
         gen = torch.Generator().manual_seed(0)
-        memory.keys = torch.nn.functional.normalize(torch.randn(shape, generator=gen), dim=-1).to(memory.device)
-        memory.values = torch.randn(shape, generator=gen).to(memory.device)
-        memory.mask = torch.ones(B, size, dtype=torch.bool, device=memory.device)
-        return
-    if steps == 0 or model.config.memory_type != "memoria":
-        return
-    cfg = model.config.memoria_config
-    state = memory.state
-    gen = torch.Generator(device=state.device).manual_seed(0)
-    for _ in range(steps):
-        wm = torch.randn(state.batch_size, cfg.num_wm, state.dim, generator=gen, device=state.device)
-        r = remind(state, wm, cfg)
-        memorize(state, r, torch.rand(r.reminded_slots.shape, generator=gen, device=state.device), cfg)
+        part.keys = torch.nn.functional.normalize(torch.randn(shape, generator=gen), dim=-1).to(part.device)
+        part.values = torch.randn(shape, generator=gen).to(part.device)
+        part.mask = torch.ones(B, size, dtype=torch.bool, device=part.device)
+    if "memoria" in parts:
+        cfg = model.config.memoria_config
+        state = parts["memoria"].state
+        gen = torch.Generator(device=state.device).manual_seed(0)
+        for _ in range(steps):
+            wm = torch.randn(state.batch_size, cfg.num_wm, state.dim, generator=gen, device=state.device)
+            r = remind(state, wm, cfg)
+            memorize(state, r, torch.rand(r.reminded_slots.shape, generator=gen, device=state.device), cfg)
 
 
 class Runner:

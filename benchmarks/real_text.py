@@ -10,7 +10,9 @@ position inside the documents (segment 0 has no memory to use; the later ones ar
 memory must help). Mean and spread over seeds, and every variant against the plain model
 of the same seed (paired: same data, same starting backbone). The memory gain (the same
 model's NLL with its memory reset before every segment, minus its NLL with it carried) is
-reported per text, per position and (in `--json`) per window; `--swap` adds whose memory
+reported per text, per position and (in `--json`) per window; `--whole` also reads every held-out
+text whole through the toolkit's evaluator (`evaluate_lm`, the `full` protocol: one stream per
+text from an empty memory, reset at its document starts; and `memoryless` for the gain); `--swap` adds whose memory
 helps: the passage's own, another passage's of the same text, or another text's; `--knn-lm`
 adds each variant scored with kNN-LM on top (`memoria_ds.eval.knn_lm`: a datastore per window
 of the text read so far in it), e.g. `memoria` + kNN-LM beside `memoria`.
@@ -77,6 +79,8 @@ from memoria_ds.data.streams import TokenStreams
 from memoria_ds.data.token_corpus import TokenCorpus
 from memoria_ds.data.tokenize import gpt2_tokenizer_offline
 from memoria_ds.eval.knn_lm import KNNLMSettings, KNNScorer, capture_keys
+from memoria_ds.eval.perplexity import evaluate_lm
+from memoria_ds.eval.protocols import full_protocol, memoryless_protocol
 from memoria_ds.model import PRESETS, build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -383,6 +387,26 @@ def swap_scores(model, held: dict[str, list[list[int]]], a,
     return out
 
 
+def score_whole(model, held: dict[str, list[list[int]]], a) -> dict:
+    """Each held-out text read whole: one stream from an empty memory, every token scored, the memory
+    reset only at the text's document starts (`full`), and again reset before every segment (`memoryless`),
+    through `memoria_ds.eval.perplexity.evaluate_lm`, the evaluate command's own loop."""
+    out: dict = {"ppl": {}, "memory_gain_by_text": {}, "nll_sums": {}}
+    sums = {"full": [0.0, 0], "memoryless": [0.0, 0]}
+    for name, docs in held.items():
+        corpus = TokenCorpus.from_token_lists(docs)
+        for protocol in (full_protocol(a.segment, 1, "document_start"), memoryless_protocol(a.segment, 1)):
+            r = evaluate_lm(model, corpus, protocol, progress=False)
+            out["nll_sums"].setdefault(name, {})[protocol.name] = (r.nll_sum, r.scored_tokens)
+            sums[protocol.name][0] += r.nll_sum
+            sums[protocol.name][1] += r.scored_tokens
+        full, bare = out["nll_sums"][name]["full"], out["nll_sums"][name]["memoryless"]
+        out["ppl"][name] = math.exp(full[0] / full[1])
+        out["memory_gain_by_text"][name] = bare[0] / bare[1] - full[0] / full[1]
+    out["memory_gain"] = sums["memoryless"][0] / sums["memoryless"][1] - sums["full"][0] / sums["full"][1]
+    return out
+
+
 def position_buckets(n: int) -> list[tuple[int, int]]:
     """Segment index ranges [0], [1], [2, 4), [4, 8), ... up to n."""
     out, lo = [(0, 1)], 1
@@ -500,6 +524,9 @@ def main() -> None:
     p.add_argument("--trace-blocks", type=int, default=0, metavar="N",
                    help="every N updates, print (and keep in --json) the mean norm of what each block's "
                         "self-attention, memory attention and MLP add to the residual stream, and of the engrams")
+    p.add_argument("--whole", action="store_true",
+                   help="also read every held-out text whole (one stream, the evaluator's `full` and `memoryless` "
+                        "protocols): its perplexity and memory gain beside the windows'")
     p.add_argument("--swap", action="store_true",
                    help="also score each held-out window's last segment after reading another window's segments: "
                         "of the same text, of another text (whose memory helps: the passage's, or the text's)")
@@ -582,6 +609,13 @@ def main() -> None:
                 r["swap"] = {k: {"own": last(per_text, k), **foreign[k], "none": last(without, k)} for k in held}
                 for k, v in r["swap"].items():
                     print(f"  {k}: last-segment NLL by whose memory: " + "  ".join(f"{m} {x:.4f}" for m, x in v.items()), flush=True)
+            if a.whole:
+                t0 = time.perf_counter()
+                r["whole"] = score_whole(model, held, a)
+                print(f"  {spec} read whole: " + "  ".join(f"{k} {v:.1f}" for k, v in r["whole"]["ppl"].items())
+                      + f"  memory gain {r['whole']['memory_gain']:+.4f} ("
+                      + ", ".join(f"{k} {v:+.4f}" for k, v in r["whole"]["memory_gain_by_text"].items())
+                      + f")  ({time.perf_counter() - t0:.0f}s)", flush=True)
             if a.knn_lm:  # the same model with kNN-LM on top, on the same windows
                 t0 = time.perf_counter()
                 with_knn = {name: score(model, toks, a, knn=knn_settings) for name, toks in held.items()}

@@ -77,9 +77,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The paper's infinity-former baseline, initialised as the authors' code does (random
     # long-term attention; `memory_init="noop"` starts it at exactly the backbone)
     "infinity": {"memory_type": "infinity", "memory_init": "random"},
-    # Memorizing Transformer (Wu et al. 2022): a kNN memory read by one block near the top
-    # (docs/field_memories.md gives the source of each default)
-    "memorizing": {"memory_type": "memorizing"},
+    # Memorizing Transformer (Wu et al. 2022) as google-research/meliad runs it: a Transformer-XL
+    # cache in every block and a kNN memory read by one block near the top, its gate starting at an
+    # even mix (docs/field_memories.md gives the source of each default and the departures)
+    "memorizing": {"memory_type": "xl+memorizing", "xl_positions": "alternate",
+                   "memory_settings": {"memorizing": {"gate_bias": 0.0}}},
+    # ... the paper's "no XL cache" variant, its gate starting nearly shut (`memory_init`)
+    "memorizing_no_cache": {"memory_type": "memorizing"},
     # Memformer (Wu et al. 2020): k memory slots per stream, read by every block and written by
     # slot attention with biased memory normalisation (docs/field_memories.md: the defaults' sources)
     "memformer": {"memory_type": "memformer"},
@@ -477,8 +481,10 @@ def _resolve_composite_settings(memory_type: str, settings: Any) -> dict[str, An
     kinds = memory_kinds(memory_type)
     unknown = sorted(str(k) for k in (settings or {}) if k not in kinds or k not in KIND_SETTINGS)
     if unknown:
-        raise SettingError(f"memory_settings.{unknown[0]}", f"is not a part of {memory_type!r} that takes settings; "
-                           f"those that do: {[k for k in kinds if k in KIND_SETTINGS]}")
+        owners = [k for k in kinds if k in KIND_SETTINGS and unknown[0] in KIND_SETTINGS[k].__dataclass_fields__]
+        hint = f" (a part's setting goes under its name: memory_settings.{owners[0]}.{unknown[0]})" if owners else ""
+        raise SettingError(f"memory_settings.{unknown[0]}", f"is unknown: not a part of {memory_type!r} that takes "
+                           f"settings; those that do: {[k for k in kinds if k in KIND_SETTINGS]}{hint}")
     out = {}
     for kind in kinds:
         if kind in KIND_SETTINGS:
@@ -491,19 +497,35 @@ def _resolve_composite_settings(memory_type: str, settings: Any) -> dict[str, An
 
 def composite_preset(preset: str) -> dict[str, Any]:
     """The fields of a preset name joined by "+" (`"xl+memoria"`): each part's preset merged, the
-    memory types joined; two parts that set one field to different values are refused."""
+    memory types joined (a kind named by two parts once: `"xl+memorizing"`, whose `memorizing` is
+    itself `xl+memorizing`), each part's `memory_settings` under its kind; two parts that set one
+    field to different values are refused."""
     values: dict[str, Any] = {}
-    kinds = []
+    kinds: list[str] = []
+    from_composite: set[str] = set()
+    settings: dict[str, Any] = {}
     for part in preset.split("+"):
         if part not in PRESETS:
             raise ValueError(f"unknown preset {part!r} in {preset!r}; known: {sorted(PRESETS)}")
         fields = dict(PRESETS[part])
-        kinds.append(fields.pop("memory_type"))
+        part_type = fields.pop("memory_type")
+        # a kind that a composite part and another part both bring, once (`xl+memorizing`); a kind that
+        # two single parts bring, twice (refused by `check_composition` as repeated)
+        kinds += [k for k in memory_kinds(part_type)
+                  if k not in kinds or not (is_composite(part_type) or k in from_composite)]
+        from_composite |= set(memory_kinds(part_type)) if is_composite(part_type) else set()
+        own = fields.pop("memory_settings", None) or {}
+        for kind, kind_settings in (own.items() if is_composite(part_type) else [(part_type, own)]):
+            if kind_settings and settings.setdefault(kind, kind_settings) != kind_settings:
+                raise ValueError(f"presets of {preset!r} disagree on `memory_settings.{kind}`")
         for key, value in fields.items():
             if key in values and values[key] != value:
                 raise ValueError(f"presets of {preset!r} disagree on `{key}` ({values[key]!r}, {value!r})")
             values[key] = value
-    return {"memory_type": "+".join(kinds), **values}
+    memory_type = "+".join(kinds)
+    if settings:
+        values["memory_settings"] = settings if is_composite(memory_type) else settings[memory_type]
+    return {"memory_type": memory_type, **values}
 
 
 def resolve_preset(preset: str | None, **settings: Any) -> dict[str, Any]:
@@ -513,13 +535,16 @@ def resolve_preset(preset: str | None, **settings: Any) -> dict[str, Any]:
         raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}, or several joined by '+' "
                          f"(e.g. 'xl+memoria')")
     values = (dict(PRESETS[preset]) if preset in PRESETS else composite_preset(preset)) if preset is not None else {}
+    composite = is_composite(str(settings.get("memory_type", values.get("memory_type", ""))))
     merged = {}
     for key in ("memoria", "memory_settings"):
         merged[key] = dict(values.pop(key, None) or {})
         given = settings.pop(key, None)
         if given is not None and not isinstance(given, Mapping):
             raise SettingError(key, f"({given!r}) must be a mapping of settings (name: value)")
-        merged[key].update(given or {})
+        for name, value in (given or {}).items():  # a composite's parts merged part by part
+            both = key == "memory_settings" and composite and isinstance(value, Mapping)
+            merged[key][name] = {**merged[key].get(name, {}), **value} if both else value
     values.update(settings)
     values.update({key: value for key, value in merged.items() if value})
     return values

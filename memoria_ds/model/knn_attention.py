@@ -64,7 +64,8 @@ def knn_retrieve(queries: Tensor, slots: KNNSlots, scale: Tensor, topk: int) -> 
     Args:
         queries: (B, H, Q, hd) any dtype (normalised here, in float32).
         slots: the memory.
-        scale: (H,) the learned per-head scale of the cosine logits.
+        scale: (H,) the learned per-head scale of the cosine logits (its absolute value is used, as
+            meliad's `attention_scale_factor` takes it: a scale that crosses zero stays a temperature).
         topk: k, slots read per query (fewer while the memory holds fewer).
 
     Returns:
@@ -80,7 +81,7 @@ def knn_retrieve(queries: Tensor, slots: KNNSlots, scale: Tensor, topk: int) -> 
     sims = sims.masked_fill(~slots.mask[:, None, None, :], -math.inf)
     top, idx = sims.topk(min(topk, M), dim=-1)  # (B, H, Q, k): exact search
     empty = torch.isinf(top)  # fewer than k slots stored: those picks hold nothing
-    logits = (top.masked_fill(empty, 0.0) * scale.float()[None, :, None, None]).masked_fill(empty, -math.inf)
+    logits = (top.masked_fill(empty, 0.0) * scale.float().abs()[None, :, None, None]).masked_fill(empty, -math.inf)
     logits = logits.masked_fill(~found[:, None, None, None], 0.0)  # a row without slots: no NaN (zeroed below)
     weights = torch.softmax(logits, dim=-1)  # (B, H, Q, k)
     k = idx.shape[-1]
@@ -103,21 +104,26 @@ class KNNAttention(nn.Module):
     Args:
         num_heads: H (the backbone's heads).
         topk: k (sets the initial scale).
+        gate_bias: b_g at initialisation; None: by the model's `memory_init` (`init_memory_weights`).
     """
 
-    def __init__(self, num_heads: int, topk: int) -> None:
+    def __init__(self, num_heads: int, topk: int, gate_bias: float | None = None) -> None:
         super().__init__()
-        self.topk = topk
+        self.topk, self.initial_gate_bias = topk, gate_bias
         self.gate_bias = nn.Parameter(torch.zeros(num_heads))  # b_g; `init_memory_weights` sets it
         self.scale = nn.Parameter(torch.full((num_heads,), initial_scale(topk)))
 
     @torch.no_grad()
     def init_memory_weights(self, memory_init: str) -> None:
         """The model's init (`_init_weights`): the cosine scale at QK-norm's log2(k^2 - k) (Henry et
-        al. 2020); the gate at an even mix under `random` (b = 0), close to the backbone under
-        `noop` (b = -4, g = 0.018; exactly the backbone while a row's memory is empty)."""
+        al. 2020); the gate at the kind's `gate_bias` where set, else at an even mix under `random`
+        (b = 0), close to the backbone under `noop` (b = -4, g = 0.018; exactly the backbone while a
+        row's memory is empty)."""
         nn.init.constant_(self.scale, initial_scale(self.topk))
-        nn.init.constant_(self.gate_bias, 0.0 if memory_init == "random" else NOOP_GATE_BIAS)
+        bias = self.initial_gate_bias
+        if bias is None:
+            bias = 0.0 if memory_init == "random" else NOOP_GATE_BIAS
+        nn.init.constant_(self.gate_bias, bias)
 
     def forward(
         self, attn: GPT2Attention, hidden: Tensor, slots: KNNSlots, attention_mask: Tensor | None,

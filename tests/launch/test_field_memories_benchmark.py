@@ -31,7 +31,7 @@ def bench():
 def test_knn_lm_scores_of_a_window_are_the_evaluations(bench, preset):
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=40, n_positions=16, n_layer=2, n_embd=16, n_head=2)
-    own = {"memory_settings": {"size": 12, "topk": 4}} if preset == "memorizing" else {}
+    own = {"memory_settings": {"memorizing": {"size": 12, "topk": 4}}} if preset == "memorizing" else {}
     model = build_model(config, preset, memory_init="random", **own,
                         memoria={"num_wm": 2, "num_stm_reminded": 2, "num_ltm_reminded": 2, "stm_capacity": 4})
     base = torch.randint(0, 40, (9,)).tolist()

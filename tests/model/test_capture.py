@@ -33,7 +33,7 @@ KINDS = [(preset, {}) for preset in PRESETS] + [
     ("memoria", {"memory_read": "self_attention", "engram_bias": 0.0}),
     # Product-Key Memory layers beside a kind (its query batch norm over the real tokens: padded rows below)
     ("xl", {"pkm_layers": [1], "pkm": {"n_keys": 8, "heads": 2, "knn": 4, "k_dim": 16}}),
-    ("xl+memoria", {}), ("xl+memorizing", {}),  # composites (`model/composition.py`)
+    ("xl+memoria", {}),  # composites (`model/composition.py`; the `memorizing` preset is xl+memorizing)
 ]
 IDS = [p if not s else f"{p}+{'+'.join(s)}" for p, s in KINDS]
 # aten ops that read a value on the host or make a shape from data
@@ -94,7 +94,7 @@ class _Syncs(TorchDispatchMode):
 # accelerator) memorizing's reset drops the slots no row holds (`MemorizingMemory.reset`, gated by
 # `memorizing.static_shapes`); with fixed shapes, as compiled or on a GPU, the same step reads nothing.
 CPU_EAGER_ONLY = {p: {"aten.nonzero.default", "aten._local_scalar_dense.default"}
-                  for p in ("memorizing", "xl+memorizing")}
+                  for p in ("memorizing_no_cache", "memorizing")}
 
 
 @pytest.mark.parametrize("preset,settings", KINDS, ids=IDS)

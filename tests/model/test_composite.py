@@ -214,3 +214,16 @@ def test_a_run_configuration_names_only_parts_its_model_has():
                                 ("xl+memoria", "nothing", "unknown eval protocol")):
         with pytest.raises(ConfigError, match=match):
             load(RunConfig, None, [f"model.preset={preset}", f"eval.protocols=[full,{name}]"])
+
+
+def test_a_composite_preset_names_each_kind_once_and_keeps_each_parts_settings():
+    """`memorizing` is itself xl+memorizing: joined with `xl` it is the same model, not xl twice; a single
+    kind's preset settings go under its kind; the user's settings merge part by part."""
+    from memoria_ds.model.config import composite_preset, resolve_preset
+
+    assert composite_preset("xl+memorizing") == resolve_preset("memorizing") == {
+        "memory_type": "xl+memorizing", "xl_positions": "alternate",
+        "memory_settings": {"memorizing": {"gate_bias": 0.0}}}
+    assert composite_preset("xl+memorizing_no_cache") == {"memory_type": "xl+memorizing", "xl_positions": "alternate"}
+    merged = resolve_preset("memorizing", memory_settings={"memorizing": {"size": 8}})
+    assert merged["memory_settings"] == {"memorizing": {"gate_bias": 0.0, "size": 8}}

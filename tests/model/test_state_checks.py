@@ -16,7 +16,7 @@ from memoria_ds.safe_io import load_tree, save_tree
 
 PRESETS = {  # preset -> memory_type
     "transformer": "none", "xl": "xl", "memoria": "memoria", "compressive": "compressive", "infinity": "infinity",
-    "memorizing": "memorizing", "memory_mosaic_carry": "mosaic", "memformer": "memformer",
+    "memorizing_no_cache": "memorizing", "memory_mosaic_carry": "mosaic", "memformer": "memformer",
 }
 SEGMENT = 8
 
@@ -28,7 +28,7 @@ def _model(preset: str, **settings):
     if preset == "memoria":
         settings.setdefault("memoria", dict(num_wm=2, num_stm_reminded=2, num_ltm_reminded=2, stm_capacity=4,
                                             search_depth=1))
-    if preset == "memorizing":
+    if preset == "memorizing_no_cache":
         settings.setdefault("memory_settings", {"size": 12, "topk": 4})  # 3 segments of 8 fill it
     if preset == "memformer":
         settings.setdefault("memory_settings", {"num_slots": 4})
@@ -85,7 +85,7 @@ def test_what_every_kind_carries_passes_against_its_model(saved):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("preset", ["xl", "compressive", "memorizing", "infinity", "memformer", "memory_mosaic_carry"])
+@pytest.mark.parametrize("preset", ["xl", "compressive", "memorizing_no_cache", "infinity", "memformer", "memory_mosaic_carry"])
 def test_long_runs_and_bf16_models_pass(preset):
     """Many segments (every cap reached, counters growing), and a bf16 model's memory (caches in
     bf16; memformer's slots normalised in bf16, so only about unit length)."""
@@ -239,7 +239,7 @@ def test_every_kind_is_covered():
 
 def test_a_memory_of_another_kind_is_refused_for_the_model():
     xl = _clone(_memory(_model("xl")).state_dict())
-    model = _model("memorizing")
+    model = _model("memorizing_no_cache")
     with pytest.raises(ValueError, match="saved memory is of kind 'xl' but this model's memory is 'memorizing'"):
         memory_from_state_dict(xl, model_config=model.config)
 
@@ -267,7 +267,7 @@ def _snapshot(tmp_path, preset):
 
 def test_a_crafted_snapshot_of_the_right_model_is_refused_when_loaded(tmp_path):
     """The right fingerprint does not make a snapshot's memory one the model can run."""
-    model, path = _snapshot(tmp_path, "memorizing")
+    model, path = _snapshot(tmp_path, "memorizing_no_cache")
     assert load_snapshot(path, model).memory.batch_size == 1
     tree = load_tree(path)
     narrow = dict(tree, memory=dict(tree["memory"], keys=tree["memory"]["keys"][..., :8].clone(),

@@ -22,7 +22,7 @@ from .launch_util import check, losses_by_step, run_training
 from .test_evaluate_e2e import evaluate
 
 # 2 layers of 2 heads of width 16; a kNN memory of 24 pairs at the top block; checkpoints at steps 3, 6 and 9
-MEMORIZING = ("model.preset=memorizing",
+MEMORIZING = ("model.preset=memorizing_no_cache",
               "model.settings={n_layer: 2, n_embd: 32, n_head: 2, n_positions: 64, memory_init: random, "
               "memory_settings: {size: 24, topk: 4}}", "optim.max_steps=9", "eval.at_end=false")
 
@@ -135,7 +135,8 @@ def test_the_checkpoints_model_is_the_one_the_run_builds():
     from memoria_ds.train.parse import to_dict, validate as validate_config
 
     shape = dict(n_layer=2, n_embd=32, n_head=2, n_positions=64)
-    for preset, settings in (("memorizing", {"memory_settings": {"size": 24, "topk": 4}}),
+    for preset, settings in (("memorizing_no_cache", {"memory_settings": {"size": 24, "topk": 4}}),
+                             ("memorizing", {"memory_settings": {"memorizing": {"size": 24, "topk": 4}}}),
                              ("memformer", {"memory_settings": {"num_slots": 8}}), ("memory_mosaic_carry", {}),
                              ("compressive", {"xl_positions": "shared"}), ("infinity", {})):
         cfg = validate_config(RunConfig, {
@@ -154,7 +155,8 @@ def test_evaluate_refuses_a_crafted_or_other_kind_snapshot_with_one_line(tmp_pat
 
     torch.manual_seed(0)
     backbone = GPT2Config(vocab_size=50257, n_layer=1, n_embd=16, n_head=2, n_positions=64)
-    model = build_model(backbone, "memorizing", memory_init="random", memory_settings={"size": 24, "topk": 4}).eval()
+    model = build_model(backbone, "memorizing_no_cache", memory_init="random",
+                        memory_settings={"size": 24, "topk": 4}).eval()
     model.save_pretrained(tmp_path / "model")
     snap = save_snapshot(tmp_path / "book.safetensors", model,
                          read(model, torch.randint(0, 50257, (1, 48)), segment_length=16))

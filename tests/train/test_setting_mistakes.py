@@ -140,9 +140,16 @@ ISSUE_CASES = [
     (["model.preset=memformer", "model.settings.memory_settings.slots=4"], "model.settings.memory_settings.slots"),
     (["model.preset=memformer", "model.settings.memory_settings.temperature=.nan"],
      "model.settings.memory_settings.temperature"),
-    (["model.preset=memorizing", "model.settings.memory_settings.topk=0"], "model.settings.memory_settings.topk"),
-    (["model.preset=memorizing", "model.settings.memory_settings.layer=9"], "model.settings.memory_settings.layer"),
-    (["model.preset=memorizing", "model.settings.memory_settings.layer=true"], "model.settings.memory_settings.layer"),
+    (["model.preset=memorizing_no_cache", "model.settings.memory_settings.topk=0"],
+     "model.settings.memory_settings.topk"),
+    (["model.preset=memorizing_no_cache", "model.settings.memory_settings.layer=9"],
+     "model.settings.memory_settings.layer"),
+    (["model.preset=memorizing_no_cache", "model.settings.memory_settings.layer=true"],
+     "model.settings.memory_settings.layer"),
+    # the `memorizing` preset is a composite (xl+memorizing): its part's settings go under the part's name
+    (["model.preset=memorizing", "model.settings.memory_settings.memorizing.topk=0"],
+     "model.settings.memory_settings.memorizing.topk"),
+    (["model.preset=memorizing", "model.settings.memory_settings.topk=4"], "model.settings.memory_settings.topk"),
     (["model.preset=compressive", "model.settings.memory_settings.compression_rate=0"],
      "model.settings.memory_settings.compression_rate"),
     (["model.preset=compressive", "model.settings.memory_settings=[1,2]"], "model.settings.memory_settings"),
@@ -196,7 +203,8 @@ def test_the_values_the_rules_allow_pass():
                    "model.settings.engram_loss=0.5"], ["model.settings.memory_layers=[0, 1]"],
                   ["model.settings.memory_inner_dim_ratio=4"],
                   ["eval.knn_lm.lmbda=0.0", "eval.knn_lm.temperature=1e-3"],
-                  ["model.preset=memorizing", "model.settings.memory_settings.layer=null"]):
+                  ["model.preset=memorizing_no_cache", "model.settings.memory_settings.layer=null"],
+                  ["model.preset=memorizing", "model.settings.memory_settings.memorizing.layer=1"]):
         accepted(*extra)
 
 

@@ -58,7 +58,7 @@ def test_a_setting_the_backbone_rules_out_stops_every_rank_before_the_data(tmp_p
                PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WORLD_SIZE="2", LOCAL_RANK="0",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), HF_DATASETS_CACHE=str(tmp_path / "hf_cache"),
                MEMORIA_DS_FAULT=FAULT)
-    args = [sys.executable, FINETUNE, *TINY, f"run_dir={tmp_path / 'run'}", "model.preset=memorizing",
+    args = [sys.executable, FINETUNE, *TINY, f"run_dir={tmp_path / 'run'}", "model.preset=memorizing_no_cache",
             "model.settings.memory_settings.layer=9"]
     procs = [subprocess.Popen(args, cwd=ROOT, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
@@ -71,7 +71,7 @@ def test_a_setting_the_backbone_rules_out_stops_every_rank_before_the_data(tmp_p
 
 def test_the_same_run_with_a_good_setting_reaches_the_data(tmp_path):
     """The control: the fault above ends a run that gets as far as its data."""
-    proc = run_training(tmp_path / "run", "model.preset=memorizing", "model.settings.memory_settings.layer=1",
+    proc = run_training(tmp_path / "run", "model.preset=memorizing_no_cache", "model.settings.memory_settings.layer=1",
                         fault=FAULT, launcher="python")
     assert proc.returncode == 1 and "No space left on device" in proc.stderr, proc.stderr[-3000:]
 

@@ -10,8 +10,9 @@ memory), keeping the newest `size` (a FIFO, oldest out). A reset (a document
 start) empties a row, as the paper clears the memory of each new document.
 
 The paper pairs the memory with a Transformer-XL cache in every layer or uses none (it
-reports both); this kind is the "no XL cache" variant: GPT-2's absolute positions give
-every segment 0..L-1, and the stored keys keep the positions they were computed at.
+reports both). Alone this kind is the "no XL cache" variant (preset `memorizing_no_cache`);
+the `memorizing` preset composes it with `xl` (`xl+memorizing`), as google-research/meliad
+runs it. GPT-2's absolute positions are in the stored keys (docs/field_memories.md).
 
 Notation: B rows, H heads, M memory slots, L tokens of the segment, hd head width.
 """
@@ -43,6 +44,9 @@ class MemorizingSettings(KindSettings):
         size: (key, value) pairs the kNN memory keeps per stream, oldest out (8192: the paper's
             smallest main memory).
         topk: neighbours each query retrieves (the paper: 32).
+        gate_bias: the per-head gate's bias b_g at initialisation (g = sigmoid(b_g)); None: by the
+            model's `memory_init` (`noop`: -4, g = 0.018, close to the backbone; `random`: 0).
+            The `memorizing` preset sets 0, an even mix, as google-research/meliad starts it.
     """
 
     kind: ClassVar[str] = "memorizing"
@@ -51,6 +55,8 @@ class MemorizingSettings(KindSettings):
     layer: int | None = setting(None, least=0, what="a block index", none="the block at three quarters of the depth")
     size: int = setting(8192, least=1)
     topk: int = setting(32, least=1)
+    gate_bias: float | None = setting(None, least=-20, most=20, what="a gate bias",
+                                      none="by `memory_init`: -4 under noop, 0 under random")
 
     def check_model(self, config: Any) -> None:
         """Raise SettingError if the settings do not fit the model (the config's validation calls it)."""
@@ -199,7 +205,7 @@ class MemorizingKind(MemoryKind):
 
     def build_module(self) -> KNNAttention:
         """The memory block's learned per-head gate and cosine scale (`memory_net`)."""
-        return KNNAttention(self.config.n_head, self.settings.topk)
+        return KNNAttention(self.config.n_head, self.settings.topk, self.settings.gate_bias)
 
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> MemorizingMemory:
         """With the model's `segment_length` set, a memory of `size` empty slots, the length every write
