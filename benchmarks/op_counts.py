@@ -3,6 +3,7 @@ Memoria engine's per step, counted and compared with the committed figures (benc
 
     python benchmarks/op_counts.py                  # count, compare; exit 1 naming each count that rose
     python benchmarks/op_counts.py --write          # count and record (after a change that moves a count)
+    python benchmarks/op_counts.py --write --groups gpt2 --variants memorizing   # record those variants only
     python benchmarks/op_counts.py --groups ci      # only the CI shape (seconds; tests/launch/test_op_counts.py)
     python benchmarks/op_counts.py --markdown       # the recorded figures as docs/benchmarks.md's table
 
@@ -36,6 +37,7 @@ import argparse
 import datetime
 import json
 import math
+import re
 import sys
 from collections import Counter
 from contextlib import nullcontext
@@ -61,7 +63,7 @@ SHAPES = {
 VARIANTS = [
     *PRESETS,
     "memoria+memory_read='self_attention'",
-    "memoria+memory_read='self_attention'+engram_loss=1.0+engram_bias=-4.0",  # docs/results.md's gated read
+    "xl+memoria", "xl+memoria_gated",  # composites (the `memorizing` preset is one)
 ]
 ENGINE_SIZES = {
     "paper": dict(batch=4, dim=768, num_wm=50, num_stm_reminded=50, num_ltm_reminded=50, stm_capacity=400,
@@ -193,7 +195,8 @@ def markdown(counts: dict) -> str:
     head = "| kind |" + "".join(f" ops, `{g}` | ratio | compute | ratio |" for g in model)
     lines = [head, "|---|" + "---|" * 4 * len(model)]
     for name in counts[model[0]] if model else []:
-        label = " + ".join(f"`{part}`" for part in name.split("+"))
+        preset, *pairs = re.split(r"\+(?=[\w.]+=)", name)  # `xl+memoria` a composite; `+key=value` settings
+        label = " + ".join(f"`{part}`" for part in (preset, *pairs))
         cells = ""
         for g in model:
             c, base = counts[g].get(name), counts[g]["transformer"]
@@ -210,12 +213,13 @@ def load_figures(path: Path = FIGURES) -> dict:
     return json.loads(path.read_text()) if path.exists() else {"counts": {}}
 
 
-def write_figures(counted: dict, path: Path = FIGURES) -> None:
-    """Merge `counted` into the figures file: the groups counted replace theirs, the others stay."""
+def write_figures(counted: dict, path: Path = FIGURES, merge: bool = False) -> None:
+    """Merge `counted` into the figures file: the groups counted replace theirs (with `merge`, only the
+    variants counted replace theirs: `--variants`), the others stay."""
     figures = load_figures(path)
     today = datetime.date.today().isoformat()
     for group, names in counted.items():
-        figures["counts"][group] = names
+        figures["counts"][group] = {**figures["counts"].get(group, {}), **names} if merge else names
         figures.setdefault("recorded", {})[group] = {"date": today, "torch": torch.__version__}
     figures = {
         "command": COMMAND,
@@ -258,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = load_figures(a.figures)
     print(table(counted, figures["counts"]))
     if a.write:
-        write_figures(counted, a.figures)
+        write_figures(counted, a.figures, merge=bool(a.variants))
         print(f"\nwrote {a.figures}")
         return 0
     rises, notes = compare(figures["counts"], counted)

@@ -33,7 +33,8 @@ from .recipes import TASKS, MixedRecipes, recipe_from_args, recipe_id, split_var
 from .store import DOCS_RESULTS, ROOT, Comparison, load
 from .table import CPU_SETTING, build, footnotes, heading, markdown, measured
 
-ALL_KINDS = ("transformer", "xl", "compressive", "infinity", "memorizing", "memformer", "memoria", "memory_mosaic",
+ALL_KINDS = ("transformer", "xl", "compressive", "infinity", "memorizing", "memorizing_no_cache", "memformer", "memoria",
+             "memory_mosaic",
              "memory_mosaic_carry")
 
 

@@ -9,7 +9,8 @@ its own finds them under its name (`memory_settings={"memorizing": {"size": 4096
 
 Two parts compose when they read through different places of a block (`PLACES`): one may fill
 the self-attention's cached slots (and the positions a segment is embedded at), one the memory
-attention's engrams, one a side attention, one a block's own attention, and only one may bring
+attention's engrams or, read as self-attention slots, slots of their own ahead of the cached ones
+(`CompositeRead.slot_mask`), one a side attention, one a block's own attention, and only one may bring
 trainable modules of a kind (`memory_net`, or Memoria's abstractor: the model holds one). The
 order of the parts is the order they are written in after the blocks; the name is kept as given.
 """
@@ -22,17 +23,10 @@ from ..setting_rules import SettingError
 
 SEPARATOR = "+"
 
-# where each kind reads in a block, and whether it brings trainable modules of its own ("modules")
-PLACES: dict[str, frozenset[str]] = {
-    "none": frozenset(),
-    "xl": frozenset({"cached slots"}),
-    "compressive": frozenset({"cached slots", "modules"}),
-    "memoria": frozenset({"engrams", "modules"}),  # + "cached slots" when read as self-attention slots
-    "infinity": frozenset({"side attention", "modules"}),
-    "memorizing": frozenset({"own attention", "modules"}),
-    "memformer": frozenset({"side attention", "modules"}),
-    "mosaic": frozenset({"mosaic"}),  # the Memory Mosaic's own model: composes with nothing
-}
+# where each kind reads in a block, and whether it brings trainable modules of its own ("modules"):
+# each kind declares its own (`MemoryKind.places`; registered when its class is defined, which the
+# package's `__init__` does before any config is read, as for `config.KIND_SETTINGS`)
+PLACES: dict[str, frozenset[str]] = {}
 
 
 def memory_kinds(memory_type: str) -> tuple[str, ...]:
@@ -45,16 +39,17 @@ def is_composite(memory_type: str) -> bool:
 
 
 def places(kind: str, memory_read: str = "cross_attention") -> frozenset[str]:
-    """Where `kind` reads in a block (Memoria read as self-attention slots takes the cached slots too)."""
+    """Where `kind` reads in a block (Memoria read as self-attention slots: slots of its own, ahead of
+    the cached slots of a part beside it, `xl+memoria` with `memory_read="self_attention"`)."""
     where = PLACES[kind]
-    return where | {"cached slots"} if kind == "memoria" and memory_read == "self_attention" else where
+    return where - {"engrams"} | {"engram slots"} if kind == "memoria" and memory_read == "self_attention" else where
 
 
 def check_composition(memory_type: Any, memory_read: str = "cross_attention") -> None:
     """Raise a SettingError on `memory_type` unless it names one known kind, or known kinds that compose.
 
     Args:
-        memory_read: Memoria's `memory_read` (its self-attention slots take the cached slots).
+        memory_read: Memoria's `memory_read` (read as self-attention slots, its engrams are slots of their own).
     """
     if not isinstance(memory_type, str):
         raise SettingError("memory_type", f"({memory_type!r}) must be a string: a kind, or kinds joined by "
@@ -75,10 +70,8 @@ def check_composition(memory_type: Any, memory_read: str = "cross_attention") ->
     for kind in kinds:
         for place in sorted(places(kind, memory_read)):
             if place in taken:
-                read = (" (as `memory_read='self_attention'` slots)" if "memoria" in (kind, taken[place])
-                        and place == "cached slots" and memory_read == "self_attention" else "")
                 both = ("both bring trainable modules of their own (the model holds one kind's)" if place == "modules"
-                        else f"both read through the blocks' {place}{read}")
+                        else f"both read through the blocks' {place}")
                 raise SettingError("memory_type", f"({memory_type!r}): {taken[place]!r} and {kind!r} {both}; a "
                                    f"composite takes one kind per place (e.g. 'xl+memoria', 'xl+infinity', "
                                    f"'xl+memorizing')")

@@ -71,6 +71,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "memoria_full_width": {"memory_type": "memoria", "memory_inner_dim_ratio": 1.0},
     # One layer norm and one query for both uses, one output projection (docs/model.md).
     "memoria_fast": {"memory_type": "memoria", "memory_attention_mode": "parallel"},
+    # The gated option beyond the paper (docs/memoria_options.md): the engrams as self-attention slots
+    # behind a learned gate starting nearly shut, the abstractor also trained to reconstruct the segment
+    "memoria_gated": {"memory_type": "memoria", "memory_read": "self_attention", "engram_loss": 1.0,
+                      "engram_bias": -4.0},
     # The paper's Compressive Transformer baseline: half the memory uncompressed, half
     # compressed at rate 4 by a 1D convolution (docs/baselines.md)
     "compressive": {"memory_type": "compressive", "xl_positions": "alternate"},

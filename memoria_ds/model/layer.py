@@ -149,16 +149,22 @@ class MemoryBlock(GradientCheckpointingLayer):
             `inputs.collect_kv`, else None.
         """
         attention_mask = inputs.attention_mask
+        engram_keys = None
         if inputs.engram_slots and engrams is not None:  # projected as this block projects its tokens
-            memory_keys, memory_values = engram_key_values(block, engrams)
+            engram_keys, engram_values = engram_key_values(block, engrams)  # (B, H, N + R, hd)
+            if memory_keys is not None:  # a cache beside them (`xl+memoria`): the engram slots first
+                memory_keys = torch.cat([engram_keys, memory_keys.to(engram_keys.dtype)], dim=2)
+                memory_values = torch.cat([engram_values, memory_values.to(engram_values.dtype)], dim=2)
+            else:
+                memory_keys, memory_values = engram_keys, engram_values
             if self.engram_bias is not None and attention_mask is not None:
-                attention_mask = biased_slot_mask(attention_mask, self.engram_bias.bias, memory_keys.shape[2],
+                attention_mask = biased_slot_mask(attention_mask, self.engram_bias.bias, engram_keys.shape[2],
                                                   hidden.dtype)
         kv = None
         if inputs.collect_kv or memory_keys is not None or inputs.cache is not None:
             kv = ExtendedKeyValues(memory_keys, memory_values, inputs.cache)
         residual = hidden
-        engram_weights = inputs.engram_slots and engrams is not None and inputs.memory is not None
+        engram_weights = engram_keys is not None and inputs.memory is not None
         # GPT2Attention keeps its queries: where they are needed, its steps run here (no hook: a graph break)
         wants_queries = inputs.collect_queries or inputs.side is not None or engram_weights
         normed, attn_output, heads = block.ln_1(hidden), None, None  # heads: (B, H, L, hd) queries
@@ -177,7 +183,7 @@ class MemoryBlock(GradientCheckpointingLayer):
         hidden = attn_output + residual
         reminded = None
         if engram_weights and heads is not None:
-            reminded = reminded_read(block, heads, memory_keys, inputs.memory)
+            reminded = reminded_read(block, heads, engram_keys, inputs.memory)
         if self.memory_attention is not None:
             hidden, reminded = self.memory_attention(hidden, engrams, inputs.memory)
         residual, pkm_stats = hidden, None

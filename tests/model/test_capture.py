@@ -33,7 +33,7 @@ KINDS = [(preset, {}) for preset in PRESETS] + [
     ("memoria", {"memory_read": "self_attention", "engram_bias": 0.0}),
     # Product-Key Memory layers beside a kind (its query batch norm over the real tokens: padded rows below)
     ("xl", {"pkm_layers": [1], "pkm": {"n_keys": 8, "heads": 2, "knn": 4, "k_dim": 16}}),
-    ("xl+memoria", {}),  # composites (`model/composition.py`; the `memorizing` preset is xl+memorizing)
+    ("xl+memoria", {}), ("xl+memoria_gated", {}),  # composites (`model/composition.py`; `memorizing` is one too)
 ]
 IDS = [p if not s else f"{p}+{'+'.join(s)}" for p, s in KINDS]
 # aten ops that read a value on the host or make a shape from data

@@ -17,7 +17,7 @@ from memoria_ds.model.config import check_model_settings
 from memoria_ds.model.recurrent import memory_from_state_dict
 from memoria_ds.setting_rules import SettingError
 
-COMPOSITES = ["xl+memoria", "xl+memorizing", "xl+infinity", "xl+memformer"]
+COMPOSITES = ["xl+memoria", "xl+memorizing", "xl+infinity", "xl+memformer", "xl+memoria_gated"]
 
 
 def _logits(model, segs, memory=None):
@@ -36,7 +36,6 @@ def _twin(make_model, preset, source, **settings):
 
 @pytest.mark.parametrize("preset,settings,match", [
     ("xl+compressive", {}, "both read through the blocks' cached slots"),
-    ("xl+memoria", {"memory_read": "self_attention"}, "as `memory_read='self_attention'` slots"),
     ("xl+xl", {}, "repeats 'xl'"),
     ("transformer+xl", {}, "joins `none`"),
     ("infinity+memformer", {}, "trainable modules"),
@@ -61,10 +60,12 @@ def test_a_composite_is_named_and_set_by_its_parts(make_model):
     assert model.memory_kind.cached_slots(12) == 12  # xl's one segment; the kNN memory is not a cached slot
 
 
-def test_xl_memoria_with_its_cache_reset_before_every_segment_is_memoria(make_model):
-    """The Memoria part reads and writes what Memoria alone does when the cache holds nothing."""
-    both = make_model("xl+memoria", memory_init="random", xl_positions="shared", segment_length=12)
-    alone, missing = _twin(make_model, "memoria", both, memory_init="random")
+@pytest.mark.parametrize("memoria", ["memoria", "memoria_gated"])
+def test_xl_memoria_with_its_cache_reset_before_every_segment_is_memoria(make_model, memoria):
+    """The Memoria part reads and writes what Memoria alone does when the cache holds nothing (read in
+    its memory attention, or as self-attention slots ahead of the cache's)."""
+    both = make_model(f"xl+{memoria}", memory_init="random", xl_positions="shared", segment_length=12)
+    alone, missing = _twin(make_model, memoria, both, memory_init="random")
     assert not missing
     segs = segments(count=4)
     memory, fresh = None, torch.ones(3, dtype=torch.bool)
@@ -85,10 +86,11 @@ def test_xl_memoria_with_its_cache_reset_before_every_segment_is_memoria(make_mo
 @pytest.mark.parametrize("preset", COMPOSITES)
 def test_a_part_that_starts_as_the_backbone_leaves_the_other_part_alone(make_model, preset):
     """With the no-op init every part but xl adds exactly nothing: the composite is `xl`, segment by segment
-    (the kNN gate of `memorizing` is nearly shut, not shut: only while its memory is empty)."""
+    (the kNN gate of `memorizing` and the engram slots' gate of `memoria_gated` are nearly shut, not shut:
+    only while their memory is empty)."""
     both = make_model(preset, segment_length=12, memory_init="noop")  # (the infinity preset's is random)
     xl, _ = _twin(make_model, "xl", both)
-    segs = segments(count=4 if preset != "xl+memorizing" else 1)
+    segs = segments(count=4 if preset not in ("xl+memorizing", "xl+memoria_gated") else 1)
     for a, b in zip(_logits(both, segs), _logits(xl, segs)):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
@@ -102,9 +104,10 @@ def test_a_token_affects_only_what_comes_after_it(make_model, preset, t, pos):
     assert_only_later_tokens_change(a, b, t, pos)
 
 
-def test_the_engrams_and_the_cache_are_both_read(make_model):
-    """xl+memoria: forgetting either part changes the next segment (each is read in the same step)."""
-    model = make_model("xl+memoria", memory_init="random")
+@pytest.mark.parametrize("preset", ["xl+memoria", "xl+memoria_gated"])
+def test_the_engrams_and_the_cache_are_both_read(make_model, preset):
+    """Forgetting either part changes the next segment (each is read in the same step)."""
+    model = make_model(preset, memory_init="random")
     segs = segments(count=4)
     with torch.no_grad():
         _, memory = run_stream(model, segs[:3])
@@ -227,3 +230,28 @@ def test_a_composite_preset_names_each_kind_once_and_keeps_each_parts_settings()
     assert composite_preset("xl+memorizing_no_cache") == {"memory_type": "xl+memorizing", "xl_positions": "alternate"}
     merged = resolve_preset("memorizing", memory_settings={"memorizing": {"size": 8}})
     assert merged["memory_settings"] == {"memorizing": {"gate_bias": 0.0, "size": 8}}
+
+
+@pytest.mark.parametrize("memoria_reset,bias", [(True, -4.0), (False, -1e4)])
+def test_engram_slots_beside_the_cache_give_xl_where_the_slots_are_shut(make_model, memoria_reset, bias):
+    """xl+memoria_gated is `xl` where no engram slot can be read: with its Memoria part reset before every
+    segment (every slot masked), and with the slots' gate at -1e4 while they hold engrams (the bias falls
+    on the engram slots only, ahead of the cache's keys: a bias on a cached key would move the logits)."""
+    both = make_model("xl+memoria_gated", memory_init="random", segment_length=12, engram_bias=bias)
+    xl, _ = _twin(make_model, "xl", both)
+    segs = segments(count=4)
+    memory, fresh = None, torch.ones(3, dtype=torch.bool)
+    with torch.no_grad():
+        want, _ = run_stream(xl, segs)
+        for t, (x, out_xl) in enumerate(zip(segs, want)):
+            if memory is not None and memoria_reset:
+                memory.reset_part("memoria", fresh)
+            before = memory.clone() if memory is not None else None
+            out = both(x, memory=memory)
+            memory = out.memory
+            torch.testing.assert_close(out.logits, out_xl.logits, rtol=0, atol=1e-5, msg=f"segment {t}")
+        if not memoria_reset:  # the control: the same slots with their gate open are read
+            for name, p in both.named_parameters():
+                if "engram_bias" in name:
+                    p.fill_(0.0)
+            assert (both(segs[-1], memory=before).logits - want[-1].logits).abs().max() > 1e-4

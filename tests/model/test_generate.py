@@ -24,7 +24,7 @@ def _greedy_reference(model, prompt, new_tokens):
     return torch.cat([prompt[:, : n_full * S], seq], dim=1)
 
 
-@pytest.mark.parametrize("preset", ["memoria", "xl", "transformer", "xl+memoria"])
+@pytest.mark.parametrize("preset", ["memoria", "xl", "transformer", "xl+memoria", "xl+memoria_gated"])
 def test_greedy_generate_matches_a_reference_decode(make_model, preset):
     model = make_model(preset, memory_init="random")
     prompt = _prompt()

@@ -45,6 +45,7 @@ from torch import Tensor, nn
 
 from ...rows import BatchRows
 from ...setting_rules import SettingError, check_fields
+from ..composition import PLACES
 from ..config import KIND_SETTINGS, MemoriaGPT2Config
 from ..memory_attention import MemoryInputs
 
@@ -227,11 +228,17 @@ class MemoryKind:
     # value, naming it) and `.to_dict()` (every setting, resolved); None: the kind takes no settings.
     # An optional `.check_model(config)` refuses settings that do not fit the model (the config calls it)
     settings_class: ClassVar[Any] = None
+    # where the kind reads in a block, the places of `composition.PLACES` ("cached slots", "engrams",
+    # "side attention", "own attention", "mosaic") and "modules" if it brings trainable ones: which
+    # kinds compose follows from them; None: a kind that is not a part (the composite)
+    places: ClassVar[frozenset[str] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.settings_class is not None:  # the config resolves `memory_settings` with it
             KIND_SETTINGS[cls.name] = cls.settings_class
+        if cls.places is not None:  # the config checks a composite's parts with them
+            PLACES[cls.name] = cls.places
 
     def __init__(self, config: MemoriaGPT2Config) -> None:
         self.config = config

@@ -104,7 +104,9 @@ class CompositeRead(MemoryRead):
             return next((getattr(r, attr) for r in reads if getattr(r, attr, None) is not None), None)
 
         self.engrams = one("engrams")
-        self.slot_mask = one("slot_mask")
+        # the self-attention's slots: engram slots first (Memoria read as self-attention), then a cache
+        masks = [r.slot_mask for r in sorted(reads, key=lambda r: not r.engram_slots) if r.slot_mask is not None]
+        self.slot_mask = torch.cat(masks, dim=1) if len(masks) > 1 else masks[0] if masks else None
         self.collects_kv = any(r.collects_kv for r in reads)
         self.collects_queries = any(r.collects_queries for r in reads)
         self.engram_slots = any(r.engram_slots for r in reads)

@@ -190,6 +190,7 @@ class CompressiveKind(MemoryKind):
     """Memory of M slots plus compressed memory of C slots per layer (`CompressiveSettings`)."""
 
     name = "compressive"
+    places = frozenset({"cached slots", "modules"})
     memory_class = CompressiveMemory
     settings_class = CompressiveSettings
 

@@ -267,6 +267,7 @@ class InfinityKind(MemoryKind):
     """The infinity-former's continuous long-term memory (`InfinitySettings`)."""
 
     name = "infinity"
+    places = frozenset({"side attention", "modules"})
     memory_class = InfinityMemory
     settings_class = InfinitySettings
 

@@ -196,6 +196,7 @@ class MemformerKind(MemoryKind):
     """k memory slots per stream, read by every block, written after the blocks (`MemformerSettings`)."""
 
     name = "memformer"
+    places = frozenset({"side attention", "modules"})
     memory_class = MemformerMemory
     settings_class = MemformerSettings
     trains_across_segments = True

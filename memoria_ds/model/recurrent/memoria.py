@@ -197,6 +197,7 @@ class MemoriaKind(MemoryKind):
     """Working, short-term and long-term memory of engrams (the memory engine, `memoria_ds.memory`)."""
 
     name = "memoria"
+    places = frozenset({"engrams", "modules"})  # read as self-attention slots: "engram slots" (composition.places)
     memory_class = MemoriaMemory
 
     def __init__(self, config) -> None:

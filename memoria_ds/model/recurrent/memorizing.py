@@ -196,6 +196,7 @@ class MemorizingKind(MemoryKind):
     """A kNN memory of `size` past (key, value) pairs at block `layer` (`MemorizingSettings`)."""
 
     name = "memorizing"
+    places = frozenset({"own attention", "modules"})
     memory_class = MemorizingMemory
     settings_class = MemorizingSettings
 

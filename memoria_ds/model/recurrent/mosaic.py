@@ -148,6 +148,7 @@ class MosaicKind(MemoryKind):
     """Carries each block's contextual memory: the last `mosaic_memory_length` pairs (default: one segment)."""
 
     name = "mosaic"
+    places = frozenset({"mosaic"})  # the Memory Mosaic's own model: composes with nothing
     memory_class = MosaicMemory
 
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> MosaicMemory:

@@ -64,6 +64,7 @@ class NoneKind(MemoryKind):
     """Reads nothing, writes nothing."""
 
     name = "none"
+    places = frozenset()
     memory_class = NoMemory
     carries_state = False
 

@@ -184,6 +184,7 @@ class XLKind(MemoryKind):
     """Cached keys/values of the last `xl_memory_length` tokens (default: one segment) per layer."""
 
     name = "xl"
+    places = frozenset({"cached slots"})
     memory_class = XLMemory
 
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> XLMemory:
