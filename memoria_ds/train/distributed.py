@@ -108,6 +108,27 @@ def all_sum_tensor(values: torch.Tensor) -> list[float]:
     return t.tolist()
 
 
+def average_running_statistics(module: torch.nn.Module) -> None:
+    """Make every batch norm's running mean and variance the mean over data-parallel ranks, in place.
+
+    Each rank moves its running statistics towards its own batch (a Product-Key Memory's query
+    batch norm, `model/pkm.py`); without this the ranks drift apart, a checkpoint (rank 0's module)
+    resumes every rank with rank 0's, and evaluation normalises each rank's shard differently. The
+    update is linear in the batch statistics, so the mean of the ranks' updates is one update towards
+    the ranks' mean statistics. One all-reduce per batch norm; nothing without several ranks.
+    """
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    world = dist.get_world_size()
+    for m in module.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            both = torch.cat([m.running_mean, m.running_var])  # (2 F,)
+            dist.all_reduce(both)
+            both /= world
+            m.running_mean.copy_(both[: m.num_features])
+            m.running_var.copy_(both[m.num_features:])
+
+
 def all_max_tensor(values: torch.Tensor) -> list[float]:
     """Element-wise maximum of a 1-D device tensor over ranks, read back once."""
     t = values.detach().clone()

@@ -172,6 +172,7 @@ def _steps(ctx: RunContext, state: RunState, writer: MetricsWriter, window: _Win
             state.memories[j].detach_()  # the span's end: no gradient reaches further back
         if update:
             window.last_step_applied = state.engine.step()
+            dist_utils.average_running_statistics(state.engine.module)  # the PKM layers' query batch norms
             window.skipped_steps += not window.last_step_applied
         done = step + 1
         writer.advance()
