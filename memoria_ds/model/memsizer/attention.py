@@ -83,17 +83,21 @@ def sinusoids(positions: Tensor, dim: int) -> Tensor:
     return out
 
 
+class SlotProjection(Conv1D):
+    """Phi, W_k and W_v as one GPT-2 Conv1D ((D, H*K + K + D), (in, out)): one matmul, and the name
+    (`c_attn`) LoRA targets. Its own class: initialised part by part (`MemSizerLMHeadModel._init_weights`)."""
+
+
 class MemSizerAttention(nn.Module):
     """One layer's MemSizer attention (replaces a GPT-2 block's self-attention).
 
-    Parameters: `c_attn` (a GPT-2 Conv1D: Phi, W_k, W_v in one projection, outputs H*K + K + D),
-    `k_norm` (K), `v_norm` (D).
+    Parameters: `c_attn` (a `SlotProjection`: Phi, W_k, W_v, outputs H*K + K + D), `k_norm` (K), `v_norm` (D).
     """
 
     def __init__(self, config: MemSizerConfig) -> None:
         super().__init__()
         self.heads, self.slots, self.width = config.n_head, config.memsizer_slots, config.n_embd
-        self.c_attn = Conv1D(config.query_width + config.memsizer_slots + config.n_embd, config.n_embd)
+        self.c_attn = SlotProjection(config.query_width + config.memsizer_slots + config.n_embd, config.n_embd)
         self.k_norm = nn.LayerNorm(config.memsizer_slots, eps=config.layer_norm_epsilon)
         self.v_norm = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.attn_dropout = nn.Dropout(config.attn_pdrop)
@@ -127,4 +131,4 @@ class MemSizerAttention(nn.Module):
         return self.resid_dropout(y), None if start is None else memory_after(k, v, start)
 
 
-__all__ = ["MemSizerAttention", "memsizer_read", "memory_after", "sinusoids"]
+__all__ = ["MemSizerAttention", "SlotProjection", "memsizer_read", "memory_after", "sinusoids"]

@@ -3,7 +3,7 @@
     x = drop(sqrt(D) wte(ids) + sinusoids(positions))  # positions: the token's place in its stream
     for each block:
         x = x + memsizer(ln_1(x))                    # a key-value memory of k slots (attention.py)
-        x = x + mlp(ln_2(x))                         # GPT-2's MLP
+        x = x + mlp(ln_2(x))                         # GPT-2's MLP (its modules, names and arithmetic)
     logits = lm_head(ln_f(x))                        # lm_head tied to wte
 
 The embedding, the positions and the pre-norm blocks are the reference's language model
@@ -31,12 +31,33 @@ from transformers import initialization as init
 from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import slice_logits_to_keep
-from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
+from transformers.activations import ACT2FN
+from transformers.pytorch_utils import Conv1D
 
 from ..modeling import MemoriaCausalLMOutput
 from ..recurrent import MemoryKind, memory_kind
-from .attention import MemSizerAttention, sinusoids
+from .attention import MemSizerAttention, SlotProjection, sinusoids
 from .config import POSITION_OFFSET, MemSizerConfig
+
+
+class ResidualProjection(Conv1D):
+    """The MLP's output projection (its own class: initialised at 0.02 / sqrt(2 n_layer), as GPT-2's)."""
+
+
+class MLP(nn.Module):
+    """GPT-2's MLP (`GPT2MLP`'s modules and arithmetic: c_fc, activation, c_proj, dropout), its output
+    projection of its own class (HF initialises a model outside transformers module by module)."""
+
+    def __init__(self, config: MemSizerConfig) -> None:
+        super().__init__()
+        inner = config.n_inner if config.n_inner is not None else 4 * config.n_embd
+        self.c_fc = Conv1D(inner, config.n_embd)
+        self.c_proj = ResidualProjection(config.n_embd, inner)
+        self.act = ACT2FN[config.activation_function]
+        self.dropout = nn.Dropout(config.resid_pdrop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
 
 
 class MemSizerBlock(GradientCheckpointingLayer):
@@ -48,7 +69,7 @@ class MemSizerBlock(GradientCheckpointingLayer):
         self.ln_1 = nn.LayerNorm(config.n_embd, eps=eps)
         self.attn = MemSizerAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=eps)
-        self.mlp = GPT2MLP(config.n_inner if config.n_inner is not None else 4 * config.n_embd, config)
+        self.mlp = MLP(config)
 
     def forward(self, x: Tensor, scale: Tensor, keep: Tensor | None = None,
                 start: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
@@ -97,26 +118,25 @@ class MemSizerLMHeadModel(PreTrainedModel, GenerationMixin):
         N(0, D^-1/2) (fairseq's, with the sqrt(D) scale of the input); Phi, W_k, W_v Xavier uniform, each
         with its own fan, gains q_init_scale^-1/2 and kv_init_scale^-1/2, biases 0. GPT-2's for the rest:
         the MLP N(0, 0.02) (its output projection N(0, 0.02 / sqrt(2 n_layer))), biases 0, layer norms 1/0."""
-        cfg = self.config
+        cfg = self.config  # HF calls this on the modules that hold parameters themselves (the leaves)
         if isinstance(module, (nn.Embedding, nn.Linear)):
             init.normal_(module.weight, mean=0.0, std=cfg.n_embd**-0.5)
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
-        elif isinstance(module, MemSizerAttention):
-            weight = module.c_attn.weight  # (D, H*K + K + D): Conv1D's (in, out)
-            parts = []
+        elif isinstance(module, SlotProjection):
+            parts = []  # (out, in) each, as nn.Linear's, the reference's fans
             for rows, scale in ((cfg.query_width, cfg.q_init_scale), (cfg.memsizer_slots, cfg.kv_init_scale),
                                 (cfg.n_embd, cfg.kv_init_scale)):
-                part = torch.empty(rows, cfg.n_embd, dtype=weight.dtype, device=weight.device)  # (out, in)
+                part = torch.empty(rows, cfg.n_embd, dtype=module.weight.dtype, device=module.weight.device)
                 parts.append(torch.nn.init.xavier_uniform_(part, gain=scale**-0.5))
-            init.copy_(weight, torch.cat(parts).T)
-            init.zeros_(module.c_attn.bias)
-        elif isinstance(module, GPT2MLP):
-            init.normal_(module.c_fc.weight, mean=0.0, std=cfg.initializer_range)
-            init.normal_(module.c_proj.weight, mean=0.0, std=cfg.initializer_range / math.sqrt(2 * cfg.n_layer))
-            init.zeros_(module.c_fc.bias)
-            init.zeros_(module.c_proj.bias)
+            init.copy_(module.weight, torch.cat(parts).T)  # (D, H*K + K + D): Conv1D's (in, out)
+            init.zeros_(module.bias)
+        elif isinstance(module, Conv1D):
+            residual = isinstance(module, ResidualProjection)
+            std = cfg.initializer_range / math.sqrt(2 * cfg.n_layer) if residual else cfg.initializer_range
+            init.normal_(module.weight, mean=0.0, std=std)
+            init.zeros_(module.bias)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.memsizer.wte
@@ -238,4 +258,4 @@ AutoConfig.register(MemSizerConfig.model_type, MemSizerConfig, exist_ok=True)
 AutoModel.register(MemSizerConfig, MemSizerLMHeadModel, exist_ok=True)
 AutoModelForCausalLM.register(MemSizerConfig, MemSizerLMHeadModel, exist_ok=True)
 
-__all__ = ["MemSizerLMHeadModel", "MemSizerBlock"]
+__all__ = ["MemSizerLMHeadModel", "MemSizerBlock", "MLP", "ResidualProjection"]
