@@ -137,9 +137,9 @@ def idle_settings(memory_type: str, keys: Any) -> list[str]:
 DEFAULT_MEMORY_WIDTH_RATIO = 0.125
 
 # What each setting may hold (`check_memory_values`): the memory's, the Memory Mosaic's
-# (mosaic/config.py), the MemSizer's (memsizer/config.py) and the backbone's sizes and rates (GPT2Config: huggingface_hub's strict
-# dataclass checks their types only). A kind's `memory_settings` and the `memoria` dict are
-# checked by their own classes.
+# (mosaic/config.py), the MemSizer's (memsizer/config.py) and the backbone's sizes and rates
+# (GPT2Config: huggingface_hub's strict dataclass checks their types only). A kind's
+# `memory_settings` and the `memoria` dict are checked by their own classes.
 SETTING_RULES: dict[str, Rule] = {
     # "memory_type": a kind of MEMORY_TYPES, or kinds joined by "+" (`composition.check_composition`)
     "memory_layers": Rule(list, least=0, what="a list of block indices", optional=True, none="every block"),

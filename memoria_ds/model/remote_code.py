@@ -29,11 +29,14 @@ def remote_files(config) -> tuple[dict[str, str], dict[str, str]]:
     config_class = type(config)
     model_class = family.model_class if family is not None else MemoriaGPT2LMHeadModel
     name = config_class.model_type
-    files = {f"configuration_{name}.py": f"from {config_class.__module__} import {config_class.__name__}  # noqa: F401\n",
-             f"modeling_{name}.py": f"from {model_class.__module__} import {model_class.__name__}  # noqa: F401\n"}
+    files = {f"configuration_{name}.py": _import_line(config_class), f"modeling_{name}.py": _import_line(model_class)}
     auto_map = {"AutoConfig": f"configuration_{name}.{config_class.__name__}",
                 "AutoModelForCausalLM": f"modeling_{name}.{model_class.__name__}"}
     return files, auto_map
+
+
+def _import_line(cls: type) -> str:
+    return f"from {cls.__module__} import {cls.__name__}  # noqa: F401\n"
 
 
 def add_remote_code(model, out_dir: str | Path) -> bool:

@@ -108,7 +108,7 @@ def _fairseq_stubs() -> dict[str, types.ModuleType]:
 def load_reference(checkout: Path) -> types.ModuleType:
     """The reference's `src/memsizer_layer.py` (importing its `src/attention.py`), run with fairseq stubbed."""
     sys.modules.update(_fairseq_stubs())
-    package = types.ModuleType("memsizer_src")  # the reference's `src`, without its __init__ (it imports all of fairseq)
+    package = types.ModuleType("memsizer_src")  # its `src`, without its __init__ (that imports all of fairseq)
     package.__path__ = [str(checkout / "src")]
     sys.modules["memsizer_src"] = package
     return importlib.import_module("memsizer_src.memsizer_layer")

@@ -219,7 +219,8 @@ def test_build_model_presets(tmp_path):
 @pytest.mark.parametrize("bad, match", [(dict(memsizer_slots=0), "memsizer_slots"),
                                         (dict(q_init_scale=0.0), "q_init_scale"),
                                         (dict(kv_init_scale=-1.0), "kv_init_scale"),
-                                        (dict(memory_type="xl"), "is .none."), (dict(memory_type="mosaic"), "is .none."),
+                                        (dict(memory_type="xl"), "is .none."),
+                                        (dict(memory_type="mosaic"), "is .none."),
                                         (dict(n_embd=2, n_head=1), "at least 4"),
                                         (dict(pkm_layers=[0]), "pkm_layers")])
 def test_config_refuses_bad_settings(bad, match):
