@@ -81,9 +81,12 @@ def test_positions_are_fairseqs_sinusoids(dim):
     table = fairseq_sinusoids(40, dim)
     positions = torch.tensor([[2, 3, 39], [7, 2, 2]])
     torch.testing.assert_close(sinusoids(positions, dim), table[positions], atol=1e-14, rtol=0)
-    # far into a stream, in float64: the fastest frequency (1 radian a token) stays exact
-    far = torch.tensor([[10**7 + 3]])
-    assert abs(sinusoids(far, dim)[0, 0, 0].item() - math.sin(10**7 + 3)) < 1e-8
+    # far into a carried stream: computed in float64, the second frequency's angle (2.7e6 rad at D = 16,
+    # which float32 rounds by up to 0.12 rad) gives its sine and cosine to 1e-8
+    p, half = 10**7 + 3, dim // 2
+    angle = p * math.exp(-math.log(10000) / (half - 1))
+    far = sinusoids(torch.tensor([[p]]), dim)[0, 0]
+    assert abs(far[1].item() - math.sin(angle)) < 1e-8 and abs(far[half + 1].item() - math.cos(angle)) < 1e-8
 
 
 def test_the_stated_initialisation():
