@@ -111,7 +111,7 @@ def watch_residual(model):
     mean norm of the final residual stream (ln_f's input). A memory path that swamps the
     backbone shows as this growing by orders of magnitude."""
     seen: list[float] = []
-    trunk = model.transformer if hasattr(model, "transformer") else model.mosaic  # a Memory Mosaic's
+    trunk = model.base_model  # GPT-2's `transformer`, a Memory Mosaic's `mosaic`, a MemSizer's `memsizer`
     handle = trunk.ln_f.register_forward_pre_hook(
         lambda _m, args: seen.append(float(args[0].detach().norm(dim=-1).mean())))
     return seen, handle

@@ -34,8 +34,7 @@ from .store import DOCS_RESULTS, ROOT, Comparison, load
 from .table import CPU_SETTING, build, footnotes, heading, markdown, measured
 
 ALL_KINDS = ("transformer", "xl", "compressive", "infinity", "memorizing", "memorizing_no_cache", "memformer", "memoria",
-             "memory_mosaic",
-             "memory_mosaic_carry")
+             "memory_mosaic", "memory_mosaic_carry", "memsizer", "memsizer_carry")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ from .build import build_model
 from .config import MEMORY_TYPES, PRESETS, MemoriaGPT2Config
 from .lora import apply_lora
 from .modeling import MemoriaCausalLMOutput, MemoriaGPT2LMHeadModel
+from .memsizer import MemSizerConfig, MemSizerLMHeadModel
 from .mosaic import MemoryMosaicConfig, MemoryMosaicLMHeadModel
 from .snapshot import Snapshot, SnapshotMismatch, load_snapshot, model_fingerprint, read, save_snapshot
 from .recurrent import (
@@ -33,6 +34,8 @@ __all__ = [
     "MemoriaCausalLMOutput",
     "MemoryMosaicConfig",
     "MemoryMosaicLMHeadModel",
+    "MemSizerConfig",
+    "MemSizerLMHeadModel",
     "MemoryRead",
     "MemoriaRead",
     "XLRead",

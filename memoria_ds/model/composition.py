@@ -27,6 +27,9 @@ SEPARATOR = "+"
 # each kind declares its own (`MemoryKind.places`; registered when its class is defined, which the
 # package's `__init__` does before any config is read, as for `config.KIND_SETTINGS`)
 PLACES: dict[str, frozenset[str]] = {}
+# the place of a kind that only its own model family runs (model/families.py: the Memory Mosaic's
+# `mosaic`, the MemSizer's `memsizer`): it composes with nothing
+OWN_MODEL = "own model"
 
 
 def memory_kinds(memory_type: str) -> tuple[str, ...]:
@@ -62,9 +65,11 @@ def check_composition(memory_type: Any, memory_read: str = "cross_attention") ->
     if len(kinds) == 1:
         return
     repeated = sorted({k for k in kinds if kinds.count(k) > 1})
-    if repeated or "none" in kinds or "mosaic" in kinds:
+    own = [k for k in kinds if OWN_MODEL in PLACES[k]]
+    if repeated or "none" in kinds or own:
         what = (f"repeats {repeated[0]!r}" if repeated else
-                "joins `none`, which is no memory" if "none" in kinds else "joins `mosaic`, the Memory Mosaic's own")
+                "joins `none`, which is no memory" if "none" in kinds else
+                f"joins `{own[0]}`, which only its own model family runs")
         raise SettingError("memory_type", f"({memory_type!r}) {what}: name each kind once, e.g. 'xl+memoria'")
     taken: dict[str, str] = {}
     for kind in kinds:
@@ -85,4 +90,4 @@ def part_settings(memory_type: str, settings: Any, kind: str) -> Any:
     return (settings or {}).get(kind)
 
 
-__all__ = ["PLACES", "SEPARATOR", "check_composition", "is_composite", "memory_kinds", "part_settings", "places"]
+__all__ = ["PLACES", "OWN_MODEL", "SEPARATOR", "check_composition", "is_composite", "memory_kinds", "part_settings", "places"]

@@ -46,7 +46,8 @@ from ..setting_rules import Rule, SettingError
 from .composition import check_composition, is_composite, memory_kinds, part_settings
 from .pkm import PKMSettings
 
-MEMORY_TYPES = ("none", "xl", "memoria", "compressive", "infinity", "memorizing", "mosaic", "memformer")  # mosaic: Memory Mosaics only (model/mosaic/)
+# mosaic: Memory Mosaics only (model/mosaic/); memsizer: MemSizers only (model/memsizer/)
+MEMORY_TYPES = ("none", "xl", "memoria", "compressive", "infinity", "memorizing", "mosaic", "memformer", "memsizer")
 # kinds that cache keys/values at the positions they were computed at (`xl_positions` applies)
 CACHED_KV_TYPES = ("xl", "compressive")
 ATTENTION_MODES = ("sequential", "parallel")
@@ -96,6 +97,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "memory_mosaic": {"memory_type": "none"},
     # ... with its contextual memory carried across segments (recurrent/mosaic.py)
     "memory_mosaic_carry": {"memory_type": "mosaic"},
+    # MemSizer (Zhang & Cai 2022) of the backbone's shape: its own model class (model/memsizer/, built
+    # by build.py), every segment read from an empty key-value memory (the reference's training)
+    "memsizer": {"memory_type": "none"},
+    # ... with each layer's key-value memory and the stream's length carried across segments (recurrent/memsizer.py)
+    "memsizer_carry": {"memory_type": "memsizer"},
 }
 
 # The memory settings only some kinds read (`MemoriaGPT2Config` fields); given to a model of
@@ -113,6 +119,7 @@ SETTINGS_OF_KIND: dict[str, frozenset[str]] = {
     "infinity": frozenset(),
     "memorizing": frozenset(),
     "memformer": frozenset(),
+    "memsizer": frozenset(),
 }
 
 
@@ -130,9 +137,9 @@ def idle_settings(memory_type: str, keys: Any) -> list[str]:
 DEFAULT_MEMORY_WIDTH_RATIO = 0.125
 
 # What each setting may hold (`check_memory_values`): the memory's, the Memory Mosaic's
-# (mosaic/config.py) and the backbone's sizes and rates (GPT2Config: huggingface_hub's strict
-# dataclass checks their types only). A kind's `memory_settings` and the `memoria` dict are
-# checked by their own classes.
+# (mosaic/config.py), the MemSizer's (memsizer/config.py) and the backbone's sizes and rates
+# (GPT2Config: huggingface_hub's strict dataclass checks their types only). A kind's
+# `memory_settings` and the `memoria` dict are checked by their own classes.
 SETTING_RULES: dict[str, Rule] = {
     # "memory_type": a kind of MEMORY_TYPES, or kinds joined by "+" (`composition.check_composition`)
     "memory_layers": Rule(list, least=0, what="a list of block indices", optional=True, none="every block"),
@@ -153,6 +160,9 @@ SETTING_RULES: dict[str, Rule] = {
     "pmem_count": Rule(int, least=1),
     "bias": Rule(bool),
     "mosaic_memory_length": Rule(int, least=1, optional=True, none="one segment"),
+    "memsizer_slots": Rule(int, least=1),
+    "q_init_scale": Rule(float, above=0),
+    "kv_init_scale": Rule(float, above=0),
     "pkm_layers": Rule(list, least=0, what="a list of block indices", optional=True, none="no PKM layer"),
     **{name: Rule(int, least=1) for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")},
     "n_inner": Rule(int, least=1, optional=True, none="4 * n_embd"),

@@ -1,4 +1,5 @@
-"""An exported Memoria GPT-2 that loads with `trust_remote_code=True`, no import needed first.
+"""An exported Memoria GPT-2 (or a model of a family trained from scratch: a Memory Mosaic, a
+MemSizer) that loads with `trust_remote_code=True`, no import needed first.
 
 The export carries two one-line modules that import the installed memoria_ds, and its
 config's `auto_map` names them, so
@@ -8,43 +9,45 @@ config's `auto_map` names them, so
 works in a fresh process (memoria_ds must be installed: the files carry no model code of
 their own). Without `trust_remote_code`, `import memoria_ds.model` first (it registers the
 model type with the Auto classes). The model card says which.
+
+The modules are named after the model type (`configuration_memoria_gpt2.py`,
+`modeling_memoria_gpt2.py`; `..._memory_mosaic.py`; `..._memsizer.py`) and import the
+config and model classes from where they are defined.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-FILES = {
-    "configuration_memoria_gpt2.py": "from memoria_ds.model.config import MemoriaGPT2Config  # noqa: F401\n",
-    "modeling_memoria_gpt2.py": "from memoria_ds.model.modeling import MemoriaGPT2LMHeadModel  # noqa: F401\n",
-}
-AUTO_MAP = {
-    "AutoConfig": "configuration_memoria_gpt2.MemoriaGPT2Config",
-    "AutoModelForCausalLM": "modeling_memoria_gpt2.MemoriaGPT2LMHeadModel",
-}
 
-# the same for a Memory Mosaic (model/mosaic/)
-MOSAIC_FILES = {
-    "configuration_memory_mosaic.py": "from memoria_ds.model.mosaic.config import MemoryMosaicConfig  # noqa: F401\n",
-    "modeling_memory_mosaic.py": "from memoria_ds.model.mosaic.modeling import MemoryMosaicLMHeadModel  # noqa: F401\n",
-}
-MOSAIC_AUTO_MAP = {
-    "AutoConfig": "configuration_memory_mosaic.MemoryMosaicConfig",
-    "AutoModelForCausalLM": "modeling_memory_mosaic.MemoryMosaicLMHeadModel",
-}
+def remote_files(config) -> tuple[dict[str, str], dict[str, str]]:
+    """(file name -> its one line, `auto_map`) of a model of this `MemoriaGPT2Config` (or subclass)."""
+    from .families import family_of_config
+    from .modeling import MemoriaGPT2LMHeadModel
+
+    family = family_of_config(config)
+    config_class = type(config)
+    model_class = family.model_class if family is not None else MemoriaGPT2LMHeadModel
+    name = config_class.model_type
+    files = {f"configuration_{name}.py": _import_line(config_class), f"modeling_{name}.py": _import_line(model_class)}
+    auto_map = {"AutoConfig": f"configuration_{name}.{config_class.__name__}",
+                "AutoModelForCausalLM": f"modeling_{name}.{model_class.__name__}"}
+    return files, auto_map
+
+
+def _import_line(cls: type) -> str:
+    return f"from {cls.__module__} import {cls.__name__}  # noqa: F401\n"
 
 
 def add_remote_code(model, out_dir: str | Path) -> bool:
-    """Set `auto_map` on a Memoria GPT-2's (or Memory Mosaic's) config (call before
+    """Set `auto_map` on a Memoria GPT-2's (or a Memory Mosaic's, a MemSizer's) config (call before
     `save_pretrained`) and write the two modules into `out_dir`. Returns False (and does
     nothing) for another model type."""
     from .config import MemoriaGPT2Config
-    from .mosaic.config import MemoryMosaicConfig
 
     if not isinstance(model.config, MemoriaGPT2Config):
         return False
-    mosaic = isinstance(model.config, MemoryMosaicConfig)
-    files, auto_map = (MOSAIC_FILES, MOSAIC_AUTO_MAP) if mosaic else (FILES, AUTO_MAP)
+    files, auto_map = remote_files(model.config)
     model.config.auto_map = dict(auto_map)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

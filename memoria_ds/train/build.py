@@ -13,7 +13,7 @@ from transformers import AutoConfig, GPT2Config
 from ..data import TokenCorpus, input_length_for, local_documents, prepare_corpus, sorting_dataset
 from ..model import MemoriaGPT2Config, apply_lora, build_model
 from ..model.build import build_config
-from ..model.mosaic import MOSAIC_PRESETS, MemoryMosaicConfig
+from ..model.families import family_of_config, family_of_preset
 from . import distributed as dist_utils
 from . import faults
 from .config import DataSection, LoraSection, ModelSection, RunConfig
@@ -121,11 +121,11 @@ def check_pretrained_settings(model: ModelSection) -> None:
     """
     if model.from_scratch:
         return
-    if model.preset in MOSAIC_PRESETS and not isinstance(AutoConfig.from_pretrained(model.backbone),
-                                                         MemoryMosaicConfig):
-        raise ConfigError(f"model.preset={model.preset} builds a Memory Mosaic, which has no weights in the GPT-2 "
+    family = family_of_preset(model.preset)
+    if family is not None and family_of_config(AutoConfig.from_pretrained(model.backbone)) is not family:
+        raise ConfigError(f"model.preset={model.preset} builds a {family.name}, which has no weights in the GPT-2 "
                           f"backbone {model.backbone!r}: set model.from_scratch=true (the backbone then gives only "
-                          f"its shape), or give a directory saved from a Memory Mosaic")
+                          f"its shape), or give a directory saved from a {family.name}")
     asked = {k: model.settings[k] for k in SHAPE_FIELDS if k in model.settings}
     if not asked:
         return

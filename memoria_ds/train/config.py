@@ -26,7 +26,7 @@ from ..eval.protocols import FORGET, PROTOCOL_NAMES
 from ..memory import COMPILE_MODES
 from ..model.composition import memory_kinds
 from ..model.config import check_model_settings, position_banks, resolve_preset
-from ..model.mosaic.config import MOSAIC_FIELDS, MOSAIC_PRESETS, MemoryMosaicConfig
+from ..model.families import FAMILIES, family_of_preset
 from ..setting_rules import SettingError
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -54,9 +54,9 @@ class Section(BaseModel):
 @functools.cache
 def _model_fields() -> frozenset[str]:
     """Every key `model.settings` may hold: the fields of MemoriaGPT2Config (GPT-2's included),
-    and the Memory Mosaic's (`MemoryMosaicConfig`, a subclass: its own fields added)."""
-    return frozenset(MemoryMosaicConfig().to_dict()) - {"_name_or_path", "architectures", "transformers_version",
-                                                        "model_type"}
+    and those of each family trained from scratch (`model/families.py`: subclasses, their own fields added)."""
+    fields = frozenset().union(*(family.config_class().to_dict() for family in FAMILIES))
+    return fields - {"_name_or_path", "architectures", "transformers_version", "model_type"}
 
 
 class ModelSection(Section):
@@ -110,11 +110,12 @@ class ModelSection(Section):
             said = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
             raise ValueError(f"unknown `model.settings` key(s) {said}; they are MemoriaGPT2Config fields "
                              f"(memoria_ds/model/config.py) or GPT2Config fields")
-        mosaic_only = sorted(MOSAIC_FIELDS & set(self.settings))
-        if mosaic_only and self.preset not in MOSAIC_PRESETS:
-            raise ValueError(f"`model.settings` {', '.join(mosaic_only)} configure a Memory Mosaic; "
-                             f"model.preset={self.preset} does not read them: remove them, or set "
-                             f"model.preset={sorted(MOSAIC_PRESETS)[0]}")
+        for family in FAMILIES:
+            own = sorted(family.fields & set(self.settings))
+            if own and family_of_preset(self.preset) is not family:
+                raise ValueError(f"`model.settings` {', '.join(own)} configure a {family.name}; "
+                                 f"model.preset={self.preset} does not read them: remove them, or set "
+                                 f"model.preset={sorted(family.presets)[0]}")
         # every setting by its rule, the Memoria and the kind's settings by their classes; an unknown
         # preset is a ValueError naming the known ones (what the backbone's shape decides: train/preflight.py)
         try:

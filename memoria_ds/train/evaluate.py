@@ -145,7 +145,8 @@ def load_model(source: str, device, precision: str, *, verified: bool = False):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from ..eval import MemorylessLM
-    from ..model import MemoriaGPT2LMHeadModel, MemoryMosaicConfig, MemoryMosaicLMHeadModel
+    from ..model import MemoriaGPT2LMHeadModel
+    from ..model.families import family_of_config
 
     dtype = torch.bfloat16 if device.type == "cuda" and precision == "bf16" else torch.float32
     if is_checkpoint(source):
@@ -154,8 +155,9 @@ def load_model(source: str, device, precision: str, *, verified: bool = False):
         return checkpoint_model(Path(source), verify=not verified).to(device=device, dtype=dtype).eval()
     if getattr(AutoConfig.from_pretrained(source), "model_type", None) == MemoriaGPT2LMHeadModel.config_class.model_type:
         return MemoriaGPT2LMHeadModel.from_pretrained(source, dtype=dtype).to(device).eval()
-    if isinstance(AutoConfig.from_pretrained(source), MemoryMosaicConfig):  # Contract 2 as it is
-        return MemoryMosaicLMHeadModel.from_pretrained(source, dtype=dtype).to(device).eval()
+    family = family_of_config(AutoConfig.from_pretrained(source))  # a Memory Mosaic, a MemSizer: Contract 2 as it is
+    if family is not None:
+        return family.model_class.from_pretrained(source, dtype=dtype).to(device).eval()
     return MemorylessLM(AutoModelForCausalLM.from_pretrained(source, dtype=dtype)).to(device).eval()
 
 

@@ -38,6 +38,8 @@ def _twin(make_model, preset, source, **settings):
     ("xl+compressive", {}, "both read through the blocks' cached slots"),
     ("xl+xl", {}, "repeats 'xl'"),
     ("transformer+xl", {}, "joins `none`"),
+    ("xl+memory_mosaic_carry", {}, "joins `mosaic`, which only its own model family runs"),
+    ("memsizer_carry+xl", {}, "joins `memsizer`, which only its own model family runs"),
     ("infinity+memformer", {}, "trainable modules"),
     ("memoria+memorizing", {}, "trainable modules"),
     ("xl+memorizing", {"memory_settings": {"memorizing": {"size": 0}}}, "memory_settings.memorizing.size"),

@@ -17,6 +17,7 @@ from memoria_ds.safe_io import load_tree, save_tree
 PRESETS = {  # preset -> memory_type
     "transformer": "none", "xl": "xl", "memoria": "memoria", "compressive": "compressive", "infinity": "infinity",
     "memorizing_no_cache": "memorizing", "memory_mosaic_carry": "mosaic", "memformer": "memformer",
+    "memsizer_carry": "memsizer",
 }
 SEGMENT = 8
 
@@ -85,7 +86,8 @@ def test_what_every_kind_carries_passes_against_its_model(saved):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("preset", ["xl", "compressive", "memorizing_no_cache", "infinity", "memformer", "memory_mosaic_carry"])
+@pytest.mark.parametrize("preset", ["xl", "compressive", "memorizing_no_cache", "infinity", "memformer",
+                                    "memory_mosaic_carry", "memsizer_carry"])
 def test_long_runs_and_bf16_models_pass(preset):
     """Many segments (every cap reached, counters growing), and a bf16 model's memory (caches in
     bf16; memformer's slots normalised in bf16, so only about unit length)."""
@@ -95,6 +97,8 @@ def test_long_runs_and_bf16_models_pass(preset):
     memory = _memory(model, segments=5)
     if preset in ("xl", "compressive", "memory_mosaic_carry"):
         assert memory.keys.dtype == torch.bfloat16
+    if preset == "memsizer_carry":  # a sum over the whole stream: fp32 whatever the model's dtype
+        assert memory.sums.dtype == torch.float32
     memory_from_state_dict(memory.state_dict(), model_config=model.config)
 
 
@@ -197,6 +201,19 @@ CRAFTED = {
         (_set("kbar", lambda sd: sd["kbar"][:, :, :1]), r"`kbar` has shape .*expected \(B=2, Y=2, 2, H=2, hd=16\)",
          False),
         (_set("last_key", lambda sd: sd["last_key"].double()), r"`last_key` has dtype torch.float64", False),
+    ],
+    "memsizer": [
+        (_narrow("sums", size=16), r"`sums` has shape \(2, 2, 32, 16\), expected \(B=2, Y=2, K=32, D=32\) for this "
+                                   r"model", True),
+        (_narrow("sums", dim=2, size=4), r"`sums` has shape .*K=32.* for this model", True),
+        (_set("sums", lambda sd: sd["sums"].half()), r"`sums` has dtype torch.float16, expected torch.float32 or "
+                                                     r"torch.float64", False),
+        (_set("tokens", lambda sd: sd["tokens"].float()), r"`tokens` has dtype torch.float32, expected torch.int64",
+         False),
+        (_set("tokens", lambda sd: torch.full((2,), -3)), r"`tokens` holds a negative count", False),
+        (_set("tokens", lambda sd: torch.zeros(2, dtype=torch.long)), r"`sums` holds values in a row that has read "
+                                                                      r"no token", False),
+        (_set("tokens", lambda sd: sd["tokens"][:1]), r"`tokens` has shape \(1,\), expected \(B=2\)", False),
     ],
     "memoria": [
         (lambda sd: (_narrow("prev_hidden", size=16)(sd), _narrow("vectors", size=16)(sd["state"])),

@@ -118,3 +118,40 @@ def test_pkm_layers_train_under_zero3(tmp_path):
     assert all(v > 0 for v in result["moved"].values()), result["moved"]
     assert result["lrs"][-1] == 1e-2 and all(lr == 3e-3 for lr in result["lrs"][:-1])
     assert result["tracked"] == 16  # 4 passes of 4 segments
+
+
+MEMSIZER_SCRIPT = PRELUDE + textwrap.dedent(
+    """
+    import math
+    keep = HfDeepSpeedConfig(ds)  # HF partitions while building and initialises gathered
+    model = build_model(backbone, "memsizer_carry", memsizer_slots=8)
+    proj = model.memsizer.h[1].attn.c_attn.weight
+    partitioned = proj.numel() == 0
+    with deepspeed.zero.GatheredParameters([proj]):  # the stated init, made gathered: Phi's part by its own fans
+        q = proj[:, : 4 * 8]
+        init = dict(q_max=q.abs().max().item(), q_bound=32**-0.5 * math.sqrt(6 / (64 + 32)))
+    model.activation_checkpointing_enable()
+    engine, *_ = deepspeed.initialize(model=model, config=ds, model_parameters=model.parameters())
+    segs = torch.randint(0, 257, (3, 48), generator=torch.Generator().manual_seed(0)).split(12, dim=1)
+    losses = []
+    for epoch in range(3):
+        memory = None
+        for x in segs:
+            out = engine(x, labels=x, memory=memory)
+            engine.backward(out.loss)
+            engine.step()
+            memory = out.memory
+        losses.append(out.loss.item())
+    print(json.dumps(dict(partitioned=partitioned, init=init, losses=losses, tokens=memory.tokens.tolist())))
+    """
+)
+
+
+def test_memsizer_builds_initialises_and_trains_under_zero3(tmp_path):
+    """ZeRO-3 partitions a MemSizer while HF builds it, its fused projection is initialised part by part
+    gathered, and it trains with activation checkpointing, its memory carried through the segments."""
+    result = _run(tmp_path / "zero3_memsizer.py", MEMSIZER_SCRIPT)
+    assert result["partitioned"]
+    assert 0.9 * result["init"]["q_bound"] < result["init"]["q_max"] <= result["init"]["q_bound"]
+    assert all(x == x and x < 10 for x in result["losses"]) and result["losses"][-1] < result["losses"][0]
+    assert result["tokens"] == [48] * 3

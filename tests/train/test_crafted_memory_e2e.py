@@ -138,6 +138,7 @@ def test_the_checkpoints_model_is_the_one_the_run_builds():
     for preset, settings in (("memorizing_no_cache", {"memory_settings": {"size": 24, "topk": 4}}),
                              ("memorizing", {"memory_settings": {"memorizing": {"size": 24, "topk": 4}}}),
                              ("memformer", {"memory_settings": {"num_slots": 8}}), ("memory_mosaic_carry", {}),
+                             ("memsizer_carry", {"memsizer_slots": 8}),
                              ("compressive", {"xl_positions": "shared"}), ("infinity", {})):
         cfg = validate_config(RunConfig, {
             "model": {"backbone": "gpt2", "from_scratch": True, "preset": preset, "settings": {**shape, **settings}},

@@ -22,7 +22,7 @@ from transformers import GPT2Config
 from memoria_ds.memory import MemoriaConfig
 from memoria_ds.eval.knn_lm import KNNLMSettings, check_index, training_entries
 from memoria_ds.model.config import KIND_SETTINGS, PRESETS, SETTING_RULES
-from memoria_ds.model.mosaic.config import MOSAIC_FIELDS
+from memoria_ds.model.families import family_of_field
 from memoria_ds.train.activation_memory import span_bytes
 from memoria_ds.setting_rules import Rule, rules_of
 from memoria_ds.train.config import RunConfig
@@ -110,7 +110,8 @@ def _cases():
         yield pytest.param([preset, "model.settings.memory_settings=[1, 2]"], "model.settings.memory_settings",
                            id=f"{memory_type}.list")
     for name, rule in SETTING_RULES.items():
-        preset = "model.preset=memory_mosaic" if name in MOSAIC_FIELDS else "model.preset=memoria"
+        family = family_of_field(name)  # a Memory Mosaic's or a MemSizer's own setting: with its preset
+        preset = f"model.preset={sorted(family.presets)[0] if family is not None else 'memoria'}"
         key = f"model.settings.{name}"
         for value in bad_values(rule):
             yield pytest.param([preset, f"{key}={yaml_value(value)}"], key, id=f"{name}={value!r}")

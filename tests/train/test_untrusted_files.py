@@ -374,7 +374,7 @@ def test_the_analysis_reader_refuses_a_crafted_trace_state(tmp_path):
 
 
 @pytest.mark.parametrize("preset", ["xl", "memoria", "compressive", "infinity", "memorizing", "memory_mosaic_carry",
-                                    "memformer"])
+                                    "memformer", "memsizer_carry"])
 def test_every_kinds_saved_memory_loads_and_a_poisoned_one_is_refused(preset):
     """No false alarm on what a kind really carries, and a NaN in any of its float fields refused."""
     from transformers import GPT2Config

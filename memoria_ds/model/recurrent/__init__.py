@@ -7,6 +7,7 @@
     infinity     `InfinityMemory`     the infinity-former (continuous long-term memory)
     memorizing   `MemorizingMemory`  the Memorizing Transformer's kNN memory of one layer
     mosaic       `MosaicMemory`       a Memory Mosaic's contextual memory carried across segments
+    memsizer     `MemSizerMemory`     a MemSizer's key-value memories (k slots per layer) carried across segments
     memformer    `MemformerMemory`    Memformer's memory slots, read by every block, written by slot attention
 
 `memory_kind(config)` gives the kind a model runs; `memory_from_state_dict` rebuilds a
@@ -29,15 +30,16 @@ from .infinity import InfinityKind, InfinityMemory, InfinityRead, InfinitySettin
 from .memformer import MemformerKind, MemformerMemory, MemformerRead, MemformerSettings
 from .memoria import MemoriaKind, MemoriaMemory, MemoriaRead
 from .memorizing import MemorizingKind, MemorizingMemory, MemorizingRead
+from .memsizer import MemSizerKind, MemSizerMemory, MemSizerRead
 from .mosaic import MosaicKind, MosaicMemory, MosaicRead
 from .none import NoMemory, NoneKind
 from .xl import XLKind, XLMemory, XLRead
 
 KINDS: dict[str, type[MemoryKind]] = {kind.name: kind for kind in (NoneKind, XLKind, MemoriaKind, CompressiveKind,
                                                                   InfinityKind, MemorizingKind, MosaicKind,
-                                                                  MemformerKind)}
+                                                                  MemformerKind, MemSizerKind)}
 RecurrentMemory = Union[NoMemory, XLMemory, MemoriaMemory, CompressiveMemory, InfinityMemory, MemorizingMemory,
-                        MosaicMemory, MemformerMemory]
+                        MosaicMemory, MemformerMemory, MemSizerMemory]
 
 
 def memory_kind(config: Any) -> MemoryKind:
@@ -113,6 +115,7 @@ __all__ = [
     "InfinityMemory", "InfinityRead", "InfinityKind", "InfinitySettings",
     "MemorizingMemory", "MemorizingRead", "MemorizingKind", "MosaicMemory", "MosaicRead", "MosaicKind",
     "MemformerMemory", "MemformerRead", "MemformerKind", "MemformerSettings",
+    "MemSizerMemory", "MemSizerRead", "MemSizerKind",
     "CompositeKind", "CompositeMemory", "CompositeRead",
     "memory_kind", "memory_from_state_dict",
 ]

@@ -229,8 +229,9 @@ class MemoryKind:
     # An optional `.check_model(config)` refuses settings that do not fit the model (the config calls it)
     settings_class: ClassVar[Any] = None
     # where the kind reads in a block, the places of `composition.PLACES` ("cached slots", "engrams",
-    # "side attention", "own attention", "mosaic") and "modules" if it brings trainable ones: which
-    # kinds compose follows from them; None: a kind that is not a part (the composite)
+    # "side attention", "own attention"; `composition.OWN_MODEL` for a kind that only its own model family
+    # runs) and "modules" if it brings trainable ones: which kinds compose follows from them; None: a
+    # kind that is not a part (the composite)
     places: ClassVar[frozenset[str] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

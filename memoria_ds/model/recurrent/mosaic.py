@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ...rows import BatchRows, pad_to, rows_field
+from ..composition import OWN_MODEL
 from .base import FORMAT, MemoryKind, MemoryRead, check_format
 from .read_copy import held
 from .saved_state import BOOL, FLOATS, SavedState, backbone_sizes
@@ -148,7 +149,7 @@ class MosaicKind(MemoryKind):
     """Carries each block's contextual memory: the last `mosaic_memory_length` pairs (default: one segment)."""
 
     name = "mosaic"
-    places = frozenset({"mosaic"})  # the Memory Mosaic's own model: composes with nothing
+    places = frozenset({OWN_MODEL})  # the Memory Mosaic's own model: composes with nothing
     memory_class = MosaicMemory
 
     def empty(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> MosaicMemory:
