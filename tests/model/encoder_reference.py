@@ -114,14 +114,15 @@ class AuthorsEncoderReference:
         else:  # RoBERTa: positions count real tokens from padding_idx + 1 (create_position_ids_from_input_ids)
             real = (ids != self.cfg.pad_token_id).long()
             positions = torch.cumsum(real, dim=0) * real + self.cfg.pad_token_id
-        x = (w[f"{p}.embeddings.word_embeddings.weight"][ids] + w[f"{p}.embeddings.position_embeddings.weight"][positions]
-             + w[f"{p}.embeddings.token_type_embeddings.weight"][torch.zeros_like(ids)])
+        e = f"{p}.embeddings"
+        x = (w[f"{e}.word_embeddings.weight"][ids] + w[f"{e}.position_embeddings.weight"][positions]
+             + w[f"{e}.token_type_embeddings.weight"][torch.zeros_like(ids)])
         return _layer_norm(w, f"{p}.embeddings.LayerNorm", x, self.cfg.layer_norm_eps)
 
     def _self_attention(self, i: int, x: Tensor, key_bias: Tensor) -> Tensor:
         w, n, eps = self.w, f"{self.family}.encoder.layer.{i}.attention", self.cfg.layer_norm_eps
-        ctx, _ = _attend(_linear(w, f"{n}.self.query", x), _linear(w, f"{n}.self.key", x), _linear(w, f"{n}.self.value", x),
-                         self.cfg.num_attention_heads, key_bias)
+        q, k, v = (_linear(w, f"{n}.self.{name}", x) for name in ("query", "key", "value"))
+        ctx, _ = _attend(q, k, v, self.cfg.num_attention_heads, key_bias)
         return _layer_norm(w, f"{n}.output.LayerNorm", x + _linear(w, f"{n}.output.dense", ctx), eps)
 
     def _feed_forward(self, i: int, a: Tensor) -> Tensor:

@@ -66,7 +66,8 @@ class EncoderMemory(BatchRows):
             got = state_dict.get("kind") if isinstance(state_dict, dict) else type(state_dict).__name__
             raise ValueError(f"saved memory is of kind {got!r}, expected {KIND!r}")
         if state_dict.get("format") != FORMAT:
-            raise ValueError(f"memory format {state_dict.get('format')!r} is not supported (this version reads {FORMAT})")
+            raise ValueError(f"memory format {state_dict.get('format')!r} is not supported "
+                             f"(this version reads {FORMAT})")
         state = MemoryState.from_state_dict(state_dict.get("state"), config=config, device=device)
         memory = cls(state).clone()
         static_addresses(memory.state)
