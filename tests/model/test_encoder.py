@@ -29,6 +29,7 @@ from memoria_ds.model.encoder import (
     build_encoder_model,
     encoder_config,
 )
+from memoria_ds.model.remote_code import add_remote_code
 from memoria_ds.setting_rules import SettingError
 
 BAD_SETTING = (SettingError, StrictDataclassError)  # HF's strict config wraps the SettingError, message kept
@@ -177,7 +178,7 @@ def test_the_export_loads_with_remote_code_in_a_fresh_process(tmp_path):
     """The causal models' route: `auto_map` and two one-line modules; a fresh process that never imports
     memoria_ds loads it through AutoModelForSequenceClassification with trust_remote_code=True."""
     model = tiny_encoder("roberta", "memoria_authors")
-    assert add_encoder_remote_code(model, tmp_path)
+    assert add_remote_code(model, tmp_path)  # the export's one route, for every model
     model.save_pretrained(tmp_path)
     assert sorted(p.name for p in tmp_path.glob("*.py")) == ["configuration_memoria_roberta.py",
                                                              "modeling_memoria_roberta.py"]
@@ -199,6 +200,7 @@ def test_the_export_loads_with_remote_code_in_a_fresh_process(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(torch.tensor(eval(logits)), model(ids).logits, rtol=0, atol=1e-6)
     assert add_encoder_remote_code(plain_twin(model, "roberta"), tmp_path / "plain") is False
+    assert add_remote_code(plain_twin(model, "roberta"), tmp_path / "plain") is False
 
 
 # ------------------------------------------------------------------ the memory, row by row
