@@ -286,6 +286,19 @@ def test_rows_without_tokens_and_ignored_labels():
     torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits[:1], torch.tensor([2])))
     none = model(ids, labels=torch.tensor([-100, -100]))
     assert none.loss.item() == 0.0
+    summed = model(ids, labels=torch.tensor([2, 0]), num_items_in_batch=4)  # as HF's Trainer passes it
+    torch.testing.assert_close(summed.loss, torch.nn.functional.cross_entropy(summed.logits, torch.tensor([2, 0]),
+                                                                              reduction="sum") / 4)
+
+
+@pytest.mark.parametrize("family,longest", [("bert", 40), ("roberta", 38)])
+def test_segments_must_fit_the_backbones_positions(family, longest):
+    model = tiny_encoder(family)  # max_position_embeddings=40; RoBERTa's positions start at pad_token_id + 1
+    assert model.positions_per_segment == longest
+    ids = torch.randint(3, 50, (1, longest))
+    assert model(ids).logits.shape == (1, 3)
+    with pytest.raises(ValueError, match="shorter segments"):
+        model(torch.randint(3, 50, (1, longest + 1)))
 
 
 def test_settings_are_checked_with_the_fix_in_the_message():

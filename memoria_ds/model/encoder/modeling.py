@@ -186,13 +186,19 @@ class MemoriaEncoderModel:
             memory: the memory a previous call returned; None = fresh for every row. Updated in place.
             reset: (B,) bool, rows that start a new document (made fresh before this segment).
             inputs_embeds / output_attentions / output_hidden_states: not supported (None or False).
+            return_dict: accepted and ignored (a `ModelOutput` is always returned).
+            **kwargs: `num_items_in_batch` (as HF's Trainer passes it): the class-index loss is then the sum
+                over labelled rows divided by it.
 
         Returns:
             `MemoriaSequenceClassifierOutput`.
 
         Raises:
-            ValueError: a memory that does not fit, or an unsupported input.
+            ValueError: a memory that does not fit, a segment longer than the backbone's positions, or an
+                unsupported input.
+            TypeError: an unknown argument.
         """
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         if kwargs:
             raise TypeError(f"unexpected argument(s) {sorted(kwargs)}")
         if inputs_embeds is not None or output_attentions or output_hidden_states:
@@ -200,6 +206,10 @@ class MemoriaEncoderModel:
                              "supported")
         cfg, backbone = self.config, self.base_model
         B, L = input_ids.shape
+        if L > self.positions_per_segment:
+            raise ValueError(f"a segment of {L} tokens exceeds the {self.positions_per_segment} positions the "
+                             f"backbone embeds (max_position_embeddings={cfg.max_position_embeddings}); use "
+                             f"shorter segments")
         device = input_ids.device
         memory = self.prepare_memory(memory, B, device, reset)
         settings = self.memory_settings
@@ -235,12 +245,19 @@ class MemoriaEncoderModel:
         stats = self.memory_engine.memorize(memory.state, retrieval, weights, settings)
 
         logits = self._classify(hidden)  # (B, K)
-        loss = self._loss(logits, labels) if labels is not None else None
+        loss = self._loss(logits, labels, num_items_in_batch) if labels is not None else None
         return MemoriaSequenceClassifierOutput(loss=loss, logits=logits, memory=memory, memory_stats=stats)
 
-    def _loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+    @property
+    def positions_per_segment(self) -> int:
+        """The longest segment the backbone's learned positions embed (RoBERTa's start after `pad_token_id`)."""
+        offset = self.config.pad_token_id + 1 if self.base_model_prefix == "roberta" else 0
+        return self.config.max_position_embeddings - offset
+
+    def _loss(self, logits: Tensor, labels: Tensor, num_items_in_batch: Tensor | int | None = None) -> Tensor:
         """HF's sequence-classification loss; for class indices, the mean over rows whose label is not
-        -100 (0 when there is none, where HF's mean would be NaN: a segment of finished documents)."""
+        -100 (0 when there is none, where HF's mean would be NaN: a segment of finished documents), or
+        the sum over them divided by `num_items_in_batch` when given."""
         cfg = self.config
         if cfg.problem_type is None and cfg.num_labels > 1 and labels.dtype in (torch.long, torch.int):
             cfg.problem_type = "single_label_classification"  # HF's rule (ForSequenceClassificationLoss)
@@ -249,6 +266,8 @@ class MemoriaEncoderModel:
         labels = labels.to(logits.device).view(-1)  # (B,)
         summed = nn.functional.cross_entropy(logits.view(-1, cfg.num_labels), labels, ignore_index=-100,
                                              reduction="sum")
+        if num_items_in_batch is not None:
+            return summed / torch.as_tensor(num_items_in_batch, device=summed.device)
         return summed / (labels != -100).sum().clamp(min=1)
 
     def _classify(self, hidden: Tensor) -> Tensor:
