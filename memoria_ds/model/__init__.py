@@ -5,11 +5,20 @@
     out = model(input_ids, labels=input_ids, memory=None)   # Contract 2 (docs/design.md)
     out = model(next_ids, labels=next_ids, memory=out.memory, reset=new_doc)
 
-See docs/model.md. Importing this package registers the model with the Auto classes.
+See docs/model.md. Importing this package registers the model with the Auto classes, and the
+Memoria encoders (BERT and RoBERTa classifiers, `encoder/`, docs/encoders.md) with theirs.
 """
 
 from .build import build_model
 from .config import MEMORY_TYPES, PRESETS, MemoriaGPT2Config
+from .encoder import (
+    MemoriaBertConfig,
+    MemoriaBertForSequenceClassification,
+    MemoriaRobertaConfig,
+    MemoriaRobertaForSequenceClassification,
+    apply_encoder_lora,
+    build_encoder_model,
+)
 from .lora import apply_lora
 from .modeling import MemoriaCausalLMOutput, MemoriaGPT2LMHeadModel
 from .memsizer import MemSizerConfig, MemSizerLMHeadModel
@@ -43,6 +52,12 @@ __all__ = [
     "KINDS",
     "build_model",
     "apply_lora",
+    "build_encoder_model",
+    "apply_encoder_lora",
+    "MemoriaBertConfig",
+    "MemoriaBertForSequenceClassification",
+    "MemoriaRobertaConfig",
+    "MemoriaRobertaForSequenceClassification",
     "PRESETS",
     "MEMORY_TYPES",
     "MemoriaMemory",

@@ -41,10 +41,15 @@ def _import_line(cls: type) -> str:
 
 def add_remote_code(model, out_dir: str | Path) -> bool:
     """Set `auto_map` on a Memoria GPT-2's (or a Memory Mosaic's, a MemSizer's) config (call before
-    `save_pretrained`) and write the two modules into `out_dir`. Returns False (and does
-    nothing) for another model type."""
+    `save_pretrained`) and write the two modules into `out_dir`; a Memoria encoder's (BERT, RoBERTa:
+    `AutoModelForSequenceClassification`) by `encoder.export`. Returns False (and does nothing) for
+    another model type."""
     from .config import MemoriaGPT2Config
+    from .encoder.config import EncoderMemoryFields
+    from .encoder.export import add_encoder_remote_code
 
+    if isinstance(model.config, EncoderMemoryFields):
+        return add_encoder_remote_code(model, out_dir)
     if not isinstance(model.config, MemoriaGPT2Config):
         return False
     files, auto_map = remote_files(model.config)

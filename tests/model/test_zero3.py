@@ -155,3 +155,46 @@ def test_memsizer_builds_initialises_and_trains_under_zero3(tmp_path):
     assert 0.9 * result["init"]["q_bound"] < result["init"]["q_max"] <= result["init"]["q_bound"]
     assert all(x == x and x < 10 for x in result["losses"]) and result["losses"][-1] < result["losses"][0]
     assert result["tokens"] == [48] * 3
+
+
+ENCODER_SCRIPT = PRELUDE + textwrap.dedent(
+    """
+    from transformers import BertConfig
+    from memoria_ds.model.encoder import build_encoder_model
+
+    memoria = dict(num_wm=4, num_stm_reminded=3, num_ltm_reminded=3, stm_capacity=6, initial_lifespan=3.0, alpha=2.0)
+    bert = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
+                      max_position_embeddings=40, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    keep = HfDeepSpeedConfig(ds)  # HF partitions while building and initialises gathered
+    model = build_encoder_model(bert, memoria=memoria, memory_layer_index=1, num_labels=3)
+    partitioned = model.bert.embeddings.word_embeddings.weight.numel() == 0
+    proj = model.memory_layers["3"].memory_attention.out_proj.weight
+    with deepspeed.zero.GatheredParameters([proj]):
+        zero_at_start = proj.abs().max().item() == 0.0  # the stated no-op init, applied gathered
+    model.activation_checkpointing_enable()
+    engine, *_ = deepspeed.initialize(model=model, config=ds, model_parameters=model.parameters())
+    segs = torch.randint(2, 50, (3, 32), generator=torch.Generator().manual_seed(0)).split(8, dim=1)
+    labels = torch.tensor([0, 1, 2])
+    losses = []
+    for epoch in range(3):
+        memory = None
+        for x in segs:  # one optimiser step per segment, the memory carried
+            out = engine(x, labels=labels, memory=memory)
+            engine.backward(out.loss)
+            engine.step()
+            memory = out.memory
+        losses.append(out.loss.item())
+    with deepspeed.zero.GatheredParameters([proj]):
+        moved = proj.abs().max().item()
+    print(json.dumps(dict(partitioned=partitioned, zero_at_start=zero_at_start, losses=losses,
+                          steps=memory.state.step.tolist(), moved=moved)))
+    """
+)
+
+
+def test_memoria_encoder_builds_and_trains_under_zero3(tmp_path):
+    result = _run(tmp_path / "encoder_zero3.py", ENCODER_SCRIPT)
+    assert result["partitioned"] and result["zero_at_start"]
+    assert result["steps"] == [4, 4, 4]
+    assert all(x == x for x in result["losses"]) and result["losses"][-1] < result["losses"][0]
+    assert result["moved"] > 0  # the no-op output projection was gathered, trained and is non-zero now

@@ -1,0 +1,56 @@
+"""Build a Memoria BERT or RoBERTa classifier from a hub name, a local directory or a config."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification, PretrainedConfig
+
+from .config import encoder_config
+from .modeling import MODEL_FOR_CONFIG, MemoriaBertForSequenceClassification, MemoriaRobertaForSequenceClassification
+
+
+def build_encoder_model(
+    backbone: str | os.PathLike | PretrainedConfig,
+    preset: str | None = None,
+    *,
+    dtype: torch.dtype | None = None,
+    attn_implementation: str = "sdpa",
+    **settings: Any,
+) -> MemoriaBertForSequenceClassification | MemoriaRobertaForSequenceClassification:
+    """A Memoria sequence classifier around a BERT or RoBERTa backbone.
+
+    Args:
+        backbone: a hub name (`"bert-base-uncased"`, `"roberta-base"`) or a local directory of a BERT or
+            RoBERTa checkpoint (a bare encoder, a masked LM or a sequence classifier): its weights are
+            loaded by name, the memory modules initialised (an exact no-op with the default
+            `memory_init="noop"`) and a head the checkpoint lacks drawn as HF draws it. A directory
+            saved from this class loads as it was (settings override its config). A `BertConfig` /
+            `RobertaConfig`: a from-scratch model with random weights.
+        preset: a name of `ENCODER_PRESETS` (`"memoria"`, `"memoria_authors"`, `"memoria_wm"`,
+            `"memoria_wm_stm"`).
+        dtype: parameter dtype (e.g. `torch.bfloat16`); the memory state stays fp32.
+        attn_implementation: `"sdpa"` (default) or `"eager"`, for the backbone and the memory attention.
+        **settings: fields of the Memoria config: the memory's (`memoria={"num_wm": 16}`,
+            `memory_layer_index=1`, ...) or the backbone's (`num_labels=2`, `classifier_dropout=0.1`).
+
+    Returns:
+        The model, in HF's mode: eval when loaded from a checkpoint, train when built from a config.
+
+    Raises:
+        ValueError: a backbone that is neither BERT nor RoBERTa, an unknown preset.
+        SettingError: a setting that does not validate.
+    """
+    if isinstance(backbone, PretrainedConfig):
+        config = encoder_config(backbone, preset, attn_implementation=attn_implementation, **settings)
+        # from_config, not the constructor: under ZeRO-3 (an `HfDeepSpeedConfig` alive) HF partitions
+        # the weights while building and initialises them gathered
+        return AutoModelForSequenceClassification.from_config(config, dtype=dtype)
+    config = encoder_config(AutoConfig.from_pretrained(backbone), preset, **settings)
+    return MODEL_FOR_CONFIG[type(config)].from_pretrained(backbone, config=config, dtype=dtype,
+                                                          attn_implementation=attn_implementation)
+
+
+__all__ = ["build_encoder_model"]
