@@ -52,3 +52,22 @@ def test_knn_lm_scores_of_a_window_are_the_evaluations(bench, preset):
 def test_memorizing_is_a_variant(bench):
     preset, settings, _ = bench.parse_variant("memorizing+memory_settings={'size':256,'topk':8}")
     assert preset == "memorizing" and settings == {"memory_settings": {"size": 256, "topk": 8}}
+
+
+@pytest.mark.parametrize("preset", ["xl", "xl+memoria"])
+def test_a_text_read_whole_is_its_windows_where_it_is_one_window(bench, preset):
+    """`--whole` reads each text as one stream through the evaluator; a text of exactly one window
+    scores what the windows score, with its memory and reset before every segment."""
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=40, n_positions=16, n_layer=2, n_embd=16, n_head=2)
+    model = build_model(config, preset, memory_init="random", segment_length=8,
+                        memoria={"num_wm": 2, "num_stm_reminded": 2, "num_ltm_reminded": 2, "stm_capacity": 4})
+    docs = [torch.randint(0, 40, (25,), generator=torch.Generator().manual_seed(1)).tolist()]  # 3 segments + 1
+    a = argparse.Namespace(eval_segments=3, segment=8, eval_windows=0, eval_batch=2)
+    whole = bench.score_whole(model, {"t": docs}, a)
+    for protocol, use_memory in (("full", True), ("memoryless", False)):
+        sums = bench.score(model, docs, a, use_memory=use_memory)
+        nll, n = whole["nll_sums"]["t"][protocol]
+        assert n == sum(k for _, k in sums) == 24
+        assert nll == pytest.approx(sum(s for s, _ in sums), rel=1e-5), protocol
+    assert whole["memory_gain"] == pytest.approx(whole["memory_gain_by_text"]["t"]) and whole["memory_gain"] != 0
