@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from memoria_ds.eval.result import read_results
@@ -106,6 +107,7 @@ def test_carried_memsizer_resumes_exactly_evaluates_and_exports(tmp_path):
     assert scored.scored_tokens == trained["full"].scored_tokens and abs(scored.nll - trained["full"].nll) < 1e-5
 
 
+@pytest.mark.slow  # CI's budget: two ranks' exact resume is the bf16 ZeRO-3 test's; ZeRO-1 is the config's stage
 def test_two_ranks_under_zero1_resume_bit_identically(tmp_path):
     zero1 = tmp_path / "zero1.json"
     config = json.loads((ROOT / "ds_configs" / "cpu.json").read_text())
@@ -124,6 +126,7 @@ def test_two_ranks_in_bf16_under_zero3_resume_bit_identically_with_an_fp32_memor
         assert memory["sums"].dtype == torch.float32 and bool(torch.isfinite(memory["sums"]).all())
 
 
+@pytest.mark.slow  # CI's budget: the same check (launch_util.move_two_ranks_to_one) runs for every other kind
 def test_the_memory_moves_with_its_streams_from_two_ranks_to_one(tmp_path):
     move_two_ranks_to_one(tmp_path, "model.preset=memsizer_carry", NO_DROPOUT)
 
