@@ -21,17 +21,23 @@ from pathlib import Path
 
 
 def remote_files(config) -> tuple[dict[str, str], dict[str, str]]:
-    """(file name -> its one line, `auto_map`) of a model of this `MemoriaGPT2Config` (or subclass)."""
+    """(file name -> its one line, `auto_map`) of a model of this config: a `MemoriaGPT2Config` (or a
+    family's subclass) for `AutoModelForCausalLM`, a Memoria encoder's for `AutoModelForSequenceClassification`."""
+    from .encoder.config import EncoderMemoryFields
+    from .encoder.modeling import MODEL_FOR_CONFIG
     from .families import family_of_config
     from .modeling import MemoriaGPT2LMHeadModel
 
-    family = family_of_config(config)
     config_class = type(config)
-    model_class = family.model_class if family is not None else MemoriaGPT2LMHeadModel
+    if isinstance(config, EncoderMemoryFields):
+        model_class, auto = MODEL_FOR_CONFIG[config_class], "AutoModelForSequenceClassification"
+    else:
+        family = family_of_config(config)
+        model_class = family.model_class if family is not None else MemoriaGPT2LMHeadModel
+        auto = "AutoModelForCausalLM"
     name = config_class.model_type
     files = {f"configuration_{name}.py": _import_line(config_class), f"modeling_{name}.py": _import_line(model_class)}
-    auto_map = {"AutoConfig": f"configuration_{name}.{config_class.__name__}",
-                "AutoModelForCausalLM": f"modeling_{name}.{model_class.__name__}"}
+    auto_map = {"AutoConfig": f"configuration_{name}.{config_class.__name__}", auto: f"modeling_{name}.{model_class.__name__}"}
     return files, auto_map
 
 
@@ -42,15 +48,12 @@ def _import_line(cls: type) -> str:
 def add_remote_code(model, out_dir: str | Path) -> bool:
     """Set `auto_map` on a Memoria GPT-2's (or a Memory Mosaic's, a MemSizer's) config (call before
     `save_pretrained`) and write the two modules into `out_dir`; a Memoria encoder's (BERT, RoBERTa:
-    `AutoModelForSequenceClassification`) by `encoder.export`. Returns False (and does nothing) for
+    `AutoModelForSequenceClassification`) the same way. Returns False (and does nothing) for
     another model type."""
     from .config import MemoriaGPT2Config
     from .encoder.config import EncoderMemoryFields
-    from .encoder.export import add_encoder_remote_code
 
-    if isinstance(model.config, EncoderMemoryFields):
-        return add_encoder_remote_code(model, out_dir)
-    if not isinstance(model.config, MemoriaGPT2Config):
+    if not isinstance(model.config, (MemoriaGPT2Config, EncoderMemoryFields)):
         return False
     files, auto_map = remote_files(model.config)
     model.config.auto_map = dict(auto_map)
