@@ -242,6 +242,7 @@ def _stop_on_request(ctx: RunContext, state: RunState, writer: MetricsWriter, do
     if not saved:
         state.save(ctx, done)
     writer.close()
+    stop.finished()
     took = stop.seconds()
     late = (f" It took {took:.0f} s from the signal: close to the 30 s that the deepspeed launcher and SLURM's "
             f"default KillWait allow before SIGKILL; ask for the signal earlier (docs/training.md)"

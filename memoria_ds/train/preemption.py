@@ -18,11 +18,18 @@ The agreement is a one-integer all-reduce on a CPU (gloo) group: it never waits 
 A second signal changes nothing (the launcher forwards SIGTERM to ranks that already got
 it); SIGKILL after the grace period is the hard stop. The run is then resumed with
 `--resume auto`. Ctrl-C (SIGINT) still interrupts at once.
+
+A stop that is still running `DUMP_AFTER_S` seconds after this rank learnt of it prints every
+thread's Python stack to stderr (`faulthandler`), once: when SIGKILL comes at 30 s, the log
+already says where each rank was waiting (a checkpoint's disk writes, a rank that never
+reached the next collective).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import signal
+import sys
 import threading
 import time
 
@@ -31,6 +38,7 @@ import torch.distributed as dist
 
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped on request, resume to continue
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+DUMP_AFTER_S = 20.0  # seconds into a stop: print every thread's stack (the launcher's SIGKILL comes at 30)
 
 
 class Stopped(RuntimeError):
@@ -61,7 +69,19 @@ class StopRequest:
     def _handle(self, signum, frame) -> None:
         if self.signal is None:
             self.signal = signum
-            self.since = time.monotonic()
+            self._started()
+
+    def _started(self) -> None:
+        """This rank learnt of the stop now: start its clock and the stack dump's timer."""
+        self.since = time.monotonic()
+        try:
+            faulthandler.dump_traceback_later(DUMP_AFTER_S, exit=False, file=sys.stderr)
+        except (ValueError, AttributeError, OSError):  # stderr without a file descriptor: no dump
+            pass
+
+    def finished(self) -> None:
+        """The stop is done (checkpoint written): no stack dump."""
+        faulthandler.cancel_dump_traceback_later()
 
     def agreed(self) -> bool:
         """Whether any rank was asked to stop (a collective when several ranks run)."""
@@ -71,7 +91,7 @@ class StopRequest:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
         self.signal = self.signal or int(flag.item()) or None  # a CPU tensor: no device sync
         if self.signal is not None and self.since is None:
-            self.since = time.monotonic()
+            self._started()
         return self.signal is not None
 
     def seconds(self) -> float:
@@ -87,6 +107,7 @@ class StopRequest:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+        self.finished()
 
 
 __all__ = ["StopRequest", "Stopped", "EXIT_STOPPED", "SIGNALS"]
