@@ -10,6 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
+from memoria_ds.compare.recipes import split_variants
+
 
 def int_list(p: argparse.ArgumentParser, flag: str, text: str, minimum: int) -> list[int]:
     """`"0,1,2"` -> [0, 1, 2]; every entry an integer of at least `minimum`, none twice."""
@@ -32,8 +34,12 @@ def at_least(p: argparse.ArgumentParser, a: argparse.Namespace, minimum: float, 
 
 
 def variants(p: argparse.ArgumentParser, text: str, parse_variant) -> list[str]:
-    """The comma-separated variant specs, each parsed once here (`parse_variant` raises ValueError)."""
-    specs = text.split(",")
+    """The comma-separated variant specs (a setting's list or dict may hold commas), each parsed once
+    here (`parse_variant` raises ValueError)."""
+    try:
+        specs = split_variants(text)
+    except ValueError as e:
+        p.error(str(e))
     for spec in specs:
         try:
             parse_variant(spec)

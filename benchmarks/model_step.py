@@ -75,6 +75,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import GPT2Config
 
 from memoria_ds.memory import memorize, remind
+from memoria_ds.compare.recipes import split_variants
 from memoria_ds.memory.compiled import error_gist
 from memoria_ds.model import PRESETS, build_model
 
@@ -358,7 +359,10 @@ def main() -> None:
     if a.worker:
         return worker(a)
 
-    names = a.variants.split(",")
+    try:
+        names = split_variants(a.variants)
+    except ValueError as e:
+        p.error(str(e))
     if names[0] != "transformer":
         names = ["transformer"] + [n for n in names if n != "transformer"]
     if a.ops:

@@ -11,13 +11,14 @@ import statistics
 import torch
 
 from memoria_ds.model import PRESETS
-from memoria_ds.train.engine import delayed_warmup_decay, param_groups
+from memoria_ds.train.engine import constant_after, delayed_warmup_decay, param_groups
 
 # Optimiser knobs a variant may set with `+opt.NAME=VALUE` (diagnosis experiments).
 OPT_KNOBS = {
     "clip": "joint",  # joint: one global norm over all parameters (the toolkit); separate: backbone and memory apart
     "memory_lr": 1.0,  # learning-rate multiplier of the memory modules
     "memory_delay": 0,  # updates the memory modules wait (lr 0) before their own warm-up (optim.memory_delay_steps)
+    "pkm_value_lr": 1e-3,  # the PKM layers' value tables: this constant rate, no weight decay (optim.pkm_value_lr); None: with the rest
 }
 
 
@@ -65,22 +66,37 @@ def _check_knobs(spec: str, knobs: dict) -> None:
     delay = knobs["memory_delay"]
     if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
         raise ValueError(f"opt.memory_delay={delay!r} in {spec!r}: a whole number of updates, at least 0")
+    value_lr = knobs["pkm_value_lr"]
+    if value_lr is not None and (isinstance(value_lr, bool) or not isinstance(value_lr, (int, float)) or
+                                 not value_lr > 0):
+        raise ValueError(f"opt.pkm_value_lr={value_lr!r} in {spec!r}: a number above 0, or None (the PKM values "
+                         f"with the other parameters)")
 
 
 def optimiser(model, a, knobs):
+    """AdamW over the toolkit's groups: backbone and memory modules apart (for the `memory_lr` and
+    `clip` knobs), and the PKM layers' value tables last, at `pkm_value_lr`, constant, no weight
+    decay (`optim.pkm_value_lr`); a model without PKM layers gets the groups it always had."""
     memory_ids = {id(p) for m in model.memory_modules() for p in m.parameters()}
+    value_lr = knobs["pkm_value_lr"]
+    value_ids = ({id(p) for p in model.pkm_value_parameters()}
+                 if value_lr is not None and hasattr(model, "pkm_value_parameters") else set())
     groups = []
     for g in param_groups(model, a.weight_decay):
         for is_mem in (False, True):
-            ps = [p for p in g["params"] if (id(p) in memory_ids) == is_mem]
+            ps = [p for p in g["params"] if (id(p) in memory_ids) == is_mem and id(p) not in value_ids]
             if ps:
                 scale = knobs["memory_lr"] if is_mem else 1.0
-                groups.append({**g, "params": ps, "lr": a.lr * scale, "memory": is_mem})
+                groups.append({**g, "params": ps, "lr": a.lr * scale, "memory": is_mem, "values": False})
+    values = [p for p in model.parameters() if id(p) in value_ids and p.requires_grad]
+    if values:
+        groups.append({"params": values, "weight_decay": 0.0, "lr": value_lr, "memory": True, "values": True})
     opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
-    # the toolkit's schedules (optim.memory_delay_steps = the knob memory_delay)
+    # the toolkit's schedules (optim.memory_delay_steps = the knob memory_delay; the values constant after it)
     span = getattr(a, "bptt", 1)  # updates: one per span of `--bptt` segments
     updates, delay = -(-a.steps // span), int(knobs["memory_delay"]) // span
-    factors = [delayed_warmup_decay(updates, 0.06, delay if g["memory"] else 0) for g in groups]
+    factors = [constant_after(delay) if g["values"] else delayed_warmup_decay(updates, 0.06, delay if g["memory"] else 0)
+               for g in groups]
     sched = torch.optim.lr_scheduler.LambdaLR(opt, factors)
     return opt, sched
 

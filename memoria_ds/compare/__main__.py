@@ -29,7 +29,7 @@ import re
 import sys
 from pathlib import Path
 
-from .recipes import TASKS, MixedRecipes, recipe_from_args, recipe_id, split_variant
+from .recipes import TASKS, MixedRecipes, recipe_from_args, recipe_id, split_variant, split_variants
 from .store import DOCS_RESULTS, ROOT, Comparison, load
 from .table import CPU_SETTING, build, footnotes, heading, markdown, measured
 
@@ -99,9 +99,9 @@ def run(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     from . import runner
 
     task = TASKS[a.task]
-    variants = list(ALL_KINDS) if a.variants == "all" else a.variants.split(",")
-    variants = ["transformer", *[v for v in variants if v != "transformer"]]
     try:
+        variants = list(ALL_KINDS) if a.variants == "all" else split_variants(a.variants)
+        variants = ["transformer", *[v for v in variants if v != "transformer"]]
         seeds = [int(s) for s in a.seeds.split(",")]
         for v in variants:
             split_variant(v, task)

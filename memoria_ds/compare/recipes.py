@@ -148,6 +148,34 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def split_variants(text: str) -> list[str]:
+    """`--variants` text -> the variant specs: split at the commas outside brackets, braces and
+    quotes, so that a setting's value may be a list or a dict of several entries
+    (`transformer+pkm={'n_keys':128,'heads':1}`).
+
+    Raises:
+        ValueError: an unbalanced bracket or quote.
+    """
+    specs, depth, quote, start = [], 0, "", 0
+    for i, c in enumerate(text):
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in "[{(":
+            depth += 1
+        elif c in "]})":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"--variants {text!r}: {c!r} at character {i + 1} closes nothing")
+        elif c == "," and depth == 0:
+            specs.append(text[start:i])
+            start = i + 1
+    if depth or quote:
+        raise ValueError(f"--variants {text!r}: a bracket or quote is not closed")
+    return [*specs, text[start:]]
+
+
 def split_variant(spec: str, task: Task) -> tuple[str, list[str]]:
     """(the variant as the script takes it, the script flags of its `+run.NAME=true` pairs).
 

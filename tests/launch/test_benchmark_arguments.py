@@ -13,6 +13,8 @@ CASES = [
     ("sorting.py", ["--variants", "memoria,foo"], "--variants: unknown preset 'foo'"),
     ("sorting.py", ["--variants", "memoria+opt.memory_lr=0"], "opt.memory_lr=0 in 'memoria+opt.memory_lr=0': a number above 0"),
     ("sorting.py", ["--variants", "memoria+memory_delay"], "'memory_delay' in 'memoria+memory_delay' is not key=value"),
+    ("sorting.py", ["--variants", "transformer+pkm_layers=[0,1"], "a bracket or quote is not closed"),
+    ("real_text.py", ["--variants", "xl+opt.pkm_value_lr=0"], "opt.pkm_value_lr=0 in 'xl+opt.pkm_value_lr=0': a number above 0"),
     ("sorting.py", ["--segments", "4,0"], "--segments '4,0': every value must be at least 1"),
     ("sorting.py", ["--seeds", "0,x"], "--seeds '0,x': give comma-separated integers"),
     ("sorting.py", ["--jobs", "0"], "--jobs 0: must be at least 1"),
@@ -39,3 +41,15 @@ def test_a_bad_option_is_one_line_and_exit_2(tmp_path, script, args, says):
     assert says.format(tmp=tmp_path) in errors[0], errors[0]
     assert "Traceback" not in proc.stderr and proc.stdout == "", proc.stderr[-2000:]
     assert sorted(tmp_path.iterdir()) == before
+
+
+def test_variants_split_at_the_commas_outside_a_settings_list_or_dict():
+    from memoria_ds.compare.recipes import split_variants
+
+    text = "transformer,transformer+pkm_layers=[0,1]+pkm={'n_keys':128,'knn':8},xl+tag='a,b',memoria"
+    assert split_variants(text) == ["transformer", "transformer+pkm_layers=[0,1]+pkm={'n_keys':128,'knn':8}",
+                                    "xl+tag='a,b'", "memoria"]
+    assert split_variants("xl") == ["xl"]
+    for bad in ("xl+pkm={'n_keys':1", "xl+pkm_layers=[0]]", "xl+tag='a"):
+        with pytest.raises(ValueError):
+            split_variants(bad)

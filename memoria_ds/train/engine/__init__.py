@@ -12,8 +12,8 @@ runs without DeepSpeed. Nothing else in memoria_ds imports deepspeed (a test che
     ds_writes.py DeepSpeed's checkpoint writes, guarded: a failed write on one rank cannot hang the others
 """
 
-from .base import (MAX_MEMORY_DELAY_FRACTION, TrainEngine, capped_memory_delay, delayed_warmup_decay, group_schedules,
-                   guard_loss, linear_warmup_decay, memory_groups_apart, memory_settings_idle, param_groups)
+from .base import (MAX_MEMORY_DELAY_FRACTION, TrainEngine, capped_memory_delay, constant_after, delayed_warmup_decay,
+                   group_schedules, guard_loss, linear_warmup_decay, memory_groups_apart, memory_settings_idle, param_groups)
 from .ds import (DeepSpeedEngine, check_ds_config, deepspeed_available, init_process_group, versions,
                  zero3_construction, zero_model_state_bytes)
 from .ds_files import DEEPSPEED_PICKLE_GLOBALS, fp32_master, gathered, to_universal, zero_fp32_state_dict
@@ -21,7 +21,7 @@ from .plain import ENGINE_FILE, TorchEngine
 
 __all__ = [
     "DEEPSPEED_PICKLE_GLOBALS", "DeepSpeedEngine", "ENGINE_FILE", "MAX_MEMORY_DELAY_FRACTION", "TorchEngine",
-    "TrainEngine", "capped_memory_delay", "check_ds_config",
+    "TrainEngine", "capped_memory_delay", "check_ds_config", "constant_after",
     "deepspeed_available", "delayed_warmup_decay", "group_schedules", "fp32_master", "gathered", "guard_loss", "init_process_group", "linear_warmup_decay", "memory_groups_apart",
     "memory_settings_idle", "param_groups", "to_universal", "versions", "zero3_construction", "zero_fp32_state_dict", "zero_model_state_bytes",
 ]
