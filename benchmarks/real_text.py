@@ -217,7 +217,8 @@ def make_model(spec: str, a: argparse.Namespace, seed: int) -> tuple[torch.nn.Mo
 
 def watch_blocks(model) -> tuple[dict[str, list[float]], list]:
     """(series, hook handles): at every forward, the mean norm of what each block adds to the
-    residual stream (`attnI`: self-attention, `memI`: the memory attention's addition, `mlpI`)
+    residual stream (`attnI`: self-attention, `memI`: the memory attention's addition, `mlpI`,
+    `pkmI`: a PKM layer's read)
     and of the engrams the memory attentions read (`engrams`). Where a memory path costs the
     backbone, this shows which contribution grew, and when."""
     series: dict[str, list[float]] = {}
@@ -233,10 +234,15 @@ def watch_blocks(model) -> tuple[dict[str, list[float]], list]:
         return hook
 
     handles = []
+    wrappers = list(getattr(model, "memory_blocks", []))
     for i, block in enumerate(model.transformer.h):
         handles.append(block.attn.register_forward_hook(lambda _m, _a, out, i=i: record(f"attn{i}", out[0])))
-        handles.append(block.mlp.register_forward_hook(lambda _m, _a, out, i=i: record(f"mlp{i}", out)))
-    with_memory = [i for i, w in enumerate(getattr(model, "memory_blocks", [])) if w.memory_attention is not None]
+        pkm = wrappers[i].pkm if i < len(wrappers) else None
+        if pkm is None or not wrappers[i].pkm_replaces_mlp:  # a replaced MLP is never called
+            handles.append(block.mlp.register_forward_hook(lambda _m, _a, out, i=i: record(f"mlp{i}", out)))
+        if pkm is not None:  # a PKM layer returns (its read, its batch statistics)
+            handles.append(pkm.register_forward_hook(lambda _m, _a, out, i=i: record(f"pkm{i}", out[0])))
+    with_memory = [i for i, w in enumerate(wrappers) if w.memory_attention is not None]
     first = with_memory[0] if with_memory else -1
     for i in with_memory:
         handles.append(model.memory_blocks[i].memory_attention.register_forward_hook(memory_hook(i)))

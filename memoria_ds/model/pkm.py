@@ -107,6 +107,25 @@ class PKMSettings:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def untouched_parameters(self, width: int) -> int:
+        """Parameters of one layer that a token does not compute with: its value table but the
+        `heads * knn` rows it reads (the `6 * parameters` rule of training FLOPs would count the
+        whole table for every token)."""
+        return (self.slots - self.heads * self.knn) * width
+
+    def selection_flops(self) -> float:
+        """Training FLOPs per token of one layer outside its matrix products and value reads:
+        each head's k x k candidate sums, forward and backward (about 3 per candidate)."""
+        return 3.0 * self.heads * self.knn * self.knn
+
+    def activation_bytes(self, width: int, element: int) -> float:
+        """Activations one token keeps for the backward of one layer, `element` bytes a value:
+        its input, the queries before and after the batch norm, both halves' scores over the
+        sub-keys, each head's k x k candidates, and the k slots' weights (and int64 indices);
+        the output. Rough, as `train/activation_memory.py`."""
+        per_head = self.k_dim * 2 + 2 * self.n_keys + self.knn * self.knn + 2 * self.knn
+        return element * (2 * width + self.heads * per_head) + 8 * self.heads * self.knn
+
 
 class MaskedBatchNorm1d(nn.BatchNorm1d):
     """`nn.BatchNorm1d` over (N, F) whose training statistics are those of the valid rows only.

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from ..data.streams import StreamLayout
 from ..model.composition import memory_kinds
 from ..model import MemoriaGPT2Config
+from ..model.pkm import PKMSettings
 from ..model.recurrent import memory_kind
 from ..train.config import RunConfig
 
@@ -150,9 +151,13 @@ class Cost:
 
 
 def flops_per_token(config: MemoriaGPT2Config, params: int, segment_length: int) -> float:
-    """Training FLOPs (forward + backward) per token."""
+    """Training FLOPs (forward + backward) per token. A PKM layer's value table is counted by the
+    rows a token reads, not whole (`PKMSettings.untouched_parameters`)."""
     keys = segment_length / 2 + memory_kind(config).cached_slots(segment_length)
     flops = 6.0 * params + 12.0 * config.n_layer * config.n_embd * keys
+    if config.pkm_layers:
+        pkm = PKMSettings.from_dict(config.pkm)
+        flops += len(config.pkm_layers) * (pkm.selection_flops() - 6.0 * pkm.untouched_parameters(config.n_embd))
     if "memoria" in memory_kinds(config.memory_type):
         mem = config.memoria_config
         width = config.resolved_memory_inner_dim

@@ -18,6 +18,7 @@ import torch
 from ..data import VOCAB_SIZE, enwik8_vocabulary
 from ..model.composition import memory_kinds
 from ..model import MemoriaGPT2Config
+from ..model.pkm import PKMSettings
 from ..model.recurrent import memory_kind
 from .build import GPT2_SHAPES
 from .config import RunConfig
@@ -75,6 +76,10 @@ def activation_bytes(config: MemoriaGPT2Config, micro_batch: int, segment_length
         mem = config.memoria_config
         engrams = mem.num_wm + mem.num_reminded
         total += len(config.resolved_memory_layers) * (s * b * h * 16 + 5 * a * s * b * engrams)
+    if config.pkm_layers:  # each PKM layer's own activations; "replace" drops the MLP's (19 s b h of the 34)
+        pkm = PKMSettings.from_dict(config.pkm)
+        mlp = 19 * s * b * h if pkm.placement == "replace" else 0
+        total += len(config.pkm_layers) * (s * b * pkm.activation_bytes(h, 2) - mlp)
     # 16-bit logits, fp32 log-softmax and its gradient; in fp32, the logits and their log-softmax
     logits = s * b * (vocab_size or config.vocab_size) * (4 + 4 if fp32 else 2 + 4 + 4)
     return total * (2 if fp32 else 1) + logits

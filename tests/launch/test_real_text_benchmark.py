@@ -292,3 +292,22 @@ def test_the_quickstarts_book_is_a_text_of_its_chapters(bench):
     assert len(texts["bundled:train"]) == 10 and len(texts["bundled:validation"]) == 1
     assert texts["bundled:train"][0].startswith("CHAPTER I\n") and texts["bundled:validation"][0].startswith("CHAPTER XI\n")
     assert bench.known_text("bundled:test") and not bench.known_text("bundled:nope")
+
+
+def test_the_block_trace_reads_a_pkm_layer_where_it_replaces_the_mlp(bench):
+    import torch
+    from transformers import GPT2Config
+
+    from memoria_ds.model import build_model
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=50, n_positions=32, n_layer=2, n_embd=16, n_head=2)
+    model = build_model(config, "xl", pkm_layers=[1], pkm={"n_keys": 8, "knn": 4, "k_dim": 8}).eval()
+    series, handles = bench.watch_blocks(model)
+    x = torch.randint(0, 50, (2, 8))
+    with torch.no_grad():
+        model(x)
+    for h in handles:
+        h.remove()
+    assert sorted(series) == ["attn0", "attn1", "mlp0", "pkm1"]
+    assert series["pkm1"][0] > 0

@@ -304,6 +304,28 @@ def test_steps_match_the_training_streams():
     assert schedule(both, world_size=1).eval_steps == 2 * 2 * 3  # read twice: with and without the memory
 
 
+def test_a_pkm_layer_costs_the_value_rows_a_token_reads_not_its_table():
+    """GPT-2 small with the paper's PKM layer in block 6 (replacing its MLP): by hand, the table is
+    512^2 x 768 = 201.3M values of which a token reads 4 x 32 rows; the k x k candidate sums."""
+    base = ["data.segment_length=100", "optim.micro_batch_size=8", "optim.max_steps=10", "eval.at_end=false"]
+    plain = fp.model_config(load(RunConfig, None, ["model.preset=transformer", *base]))
+    cfg = load(RunConfig, None, ["model.preset=transformer", "model.settings={pkm_layers: [6]}", *base])
+    config = fp.model_config(cfg)
+    params = fp.count_parameters(config)["total"]
+    untouched = (512 * 512 - 4 * 32) * 768
+    assert flops_per_token(config, params, 100) == 6 * (params - untouched) + 12 * 12 * 768 * 50 + 3 * 4 * 32 * 32
+    # the paper's point: far more parameters, fewer FLOPs than the MLP it replaces (2 x 768 x 3072 weights)
+    plain_params = fp.count_parameters(plain)["total"]
+    assert params - plain_params == 512 * 512 * 768 + (768 * 4 * 256 + 4 * 256) + 4 * 2 * 512 * 128 + 2 * 4 * 256 - (2 * 768 * 3072 + 3072 + 768)
+    assert flops_per_token(config, params, 100) < flops_per_token(plain, plain_params, 100)
+
+    from memoria_ds.train.activation_memory import activation_bytes
+
+    s, b, h = 100, 8, 768
+    pkm = 2 * (2 * h + 4 * (256 * 2 + 2 * 512 + 32 * 32 + 2 * 32)) + 8 * 4 * 32  # per token, by the stated parts
+    assert activation_bytes(config, b, s) == activation_bytes(plain, b, s) + s * b * pkm - 19 * s * b * h
+
+
 def test_cost_is_the_stated_formula():
     cfg = load(RunConfig, None, ["model.preset=transformer", "data.segment_length=100", "optim.micro_batch_size=8",
                                  "optim.max_steps=1000", "eval.at_end=false"])
