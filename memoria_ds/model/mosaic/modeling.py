@@ -22,14 +22,12 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 from transformers import initialization as init
-from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_utils import slice_logits_to_keep
 
+from ..family_lm import FamilyLMHeadModel
 from ..modeling import MemoriaCausalLMOutput
-from ..recurrent import MemoryKind, memory_kind
 from .config import EXP_SCALING, KEY_SCALE_INIT, LEAK_INIT, VALUE_SCALE_INIT, MemoryMosaicConfig
 from .units import ContextualMemory, KeyExtractor, OutProj, PersistentMemory, ValueExtractor
 
@@ -62,7 +60,7 @@ class MemoryMosaicBlock(GradientCheckpointingLayer):
         return x + h, (context, kbar)
 
 
-class MemoryMosaicLMHeadModel(PreTrainedModel, GenerationMixin):
+class MemoryMosaicLMHeadModel(FamilyLMHeadModel):
     """A Memory Mosaic LM in the toolkit's model contract.
 
     Args:
@@ -74,12 +72,6 @@ class MemoryMosaicLMHeadModel(PreTrainedModel, GenerationMixin):
     base_model_prefix = "mosaic"
     _tied_weights_keys = {"lm_head.weight": "mosaic.wte.weight"}
     _no_split_modules = ["MemoryMosaicBlock"]
-    supports_gradient_checkpointing = True
-    _supports_sdpa = True
-    _supports_flash_attn = False
-    _supports_flex_attn = False
-    _supports_attention_backend = False
-    _can_compile_fullgraph = False
 
     def __init__(self, config: MemoryMosaicConfig) -> None:
         super().__init__(config)
@@ -122,32 +114,6 @@ class MemoryMosaicLMHeadModel(PreTrainedModel, GenerationMixin):
             init.normal_(module.values, mean=0.0, std=hd**-0.5)
             init.constant_(module.scale, VALUE_SCALE_INIT / EXP_SCALING)
 
-    def get_input_embeddings(self) -> nn.Module:
-        return self.mosaic.wte
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        self.mosaic.wte = value
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.lm_head
-
-    def memory_modules(self) -> list[nn.Module]:
-        """Modules added to a backbone: none (every weight is the model's own)."""
-        return []
-
-    # ------------------------------------------------------------------ memory (Contract 2)
-    @property
-    def memory_kind(self) -> MemoryKind:
-        """The kind of memory carried between segments: `none` (the paper's) or `mosaic`."""
-        kind = self.__dict__.get("_memory_kind")
-        if kind is None or kind.config is not self.config:
-            kind = self.__dict__["_memory_kind"] = memory_kind(self.config)
-        return kind
-
-    def empty_memory(self, batch_size: int, device: torch.device | str | None = None) -> Any:
-        device = device if device is not None else self.mosaic.wte.weight.device
-        return self.memory_kind.empty(batch_size, device, self.dtype)
-
     # ------------------------------------------------------------------ forward
     def forward(
         self,
@@ -185,20 +151,10 @@ class MemoryMosaicLMHeadModel(PreTrainedModel, GenerationMixin):
         Raises:
             ValueError: a segment longer than n_positions, both kinds of labels, unsupported inputs.
         """
-        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        for name in ("cache_position", "past_key_values", "cache", "position_ids"):
-            kwargs.pop(name, None)  # generation passes them; nothing is cached
-        if kwargs:
-            raise TypeError(f"unexpected argument(s) {sorted(kwargs)}")
-        if inputs_embeds is not None or output_attentions or output_hidden_states:
-            raise ValueError("pass `input_ids`; inputs_embeds / output_attentions / output_hidden_states "
-                             "are not supported")
-        if labels is not None and shift_labels is not None:
-            raise ValueError("pass `labels` (shifted inside) or `shift_labels` (already aligned), not both")
+        num_items_in_batch = self._check_segment(input_ids, labels, shift_labels, inputs_embeds, output_attentions,
+                                                 output_hidden_states, kwargs)
         cfg = self.config
         B, L = input_ids.shape
-        if L > cfg.n_positions:
-            raise ValueError(f"a segment of {L} tokens exceeds n_positions={cfg.n_positions}; use shorter segments")
         device = input_ids.device
         memory = self.memory_kind.prepare(memory, B, device, self.dtype, reset)
         key_padding = attention_mask[:, -L:].to(device=device, dtype=torch.bool) if attention_mask is not None else None
@@ -218,21 +174,7 @@ class MemoryMosaicLMHeadModel(PreTrainedModel, GenerationMixin):
         if read is not None:
             valid = key_padding if key_padding is not None else torch.ones(B, L, dtype=torch.bool, device=device)
             kind.write(memory, read, None, writes, x, valid)
-        logits = self.lm_head(slice_logits_to_keep(x, logits_to_keep))  # (B, L, V)
-        loss = None
-        if labels is not None or shift_labels is not None:
-            if logits.shape[1] != L:
-                raise ValueError("a loss needs the logits of every position (logits_to_keep=0)")
-            loss = ForCausalLMLoss(logits, labels, cfg.vocab_size, num_items_in_batch=num_items_in_batch,
-                                   shift_labels=shift_labels)
-        return MemoriaCausalLMOutput(loss=loss, logits=logits, memory=memory, memory_stats=None)
-
-    def prepare_inputs_for_generation(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                                      **kwargs: Any) -> dict[str, Any]:
-        """Generation re-reads the whole sequence at each step (no decode cache)."""
-        return {"input_ids": input_ids, "attention_mask": attention_mask,
-                "logits_to_keep": kwargs.get("logits_to_keep") or 1}
-
+        return self._output(x, memory, labels, shift_labels, logits_to_keep, num_items_in_batch)
 
 AutoConfig.register(MemoryMosaicConfig.model_type, MemoryMosaicConfig, exist_ok=True)
 AutoModel.register(MemoryMosaicConfig, MemoryMosaicLMHeadModel, exist_ok=True)
