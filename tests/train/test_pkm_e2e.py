@@ -1,10 +1,13 @@
 """Product-Key Memory layers through the real launcher on 2 CPU ranks (gloo): a kill and resume gives the
-uninterrupted run's losses and evaluation bit for bit (the query batch norms' running statistics are the
+uninterrupted run's losses and evaluation bit for bit, under ZeRO-2 and ZeRO-1 (the query batch norms' running statistics are the
 ranks' mean after every update, so the checkpoint, rank 0's module, is every rank's); bf16 under ZeRO-3
 with LoRA on a pretrained backbone trains the PKM layer and exports it through the Auto classes."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
 from memoria_ds.train.faults import EXIT_CODE
@@ -17,12 +20,16 @@ XL_PKM = ("model.preset=xl",
           f"attn_pdrop: 0.0, {PKM}}}", "eval.max_steps=4")
 
 
-def test_two_rank_kill_and_resume_equals_uninterrupted(tmp_path):
+@pytest.mark.parametrize("zero", ["cpu.json", "zero1.json"], ids=["zero2", "zero1"])
+def test_two_rank_kill_and_resume_equals_uninterrupted(tmp_path, zero):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    check(run_training(whole, *XL_PKM, ranks=2))
-    proc = run_training(killed, *XL_PKM, ranks=2, fault="kill_after_step:4")
+    run = (*XL_PKM, f"deepspeed={ROOT / 'ds_configs' / zero}")
+    check(run_training(whole, *run, ranks=2))
+    stage = json.loads((whole / "ds_config.json").read_text())["zero_optimization"]["stage"]
+    assert stage == (2 if zero == "cpu.json" else 1)
+    proc = run_training(killed, *run, ranks=2, fault="kill_after_step:4")
     assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
-    check(run_training(killed, *XL_PKM, "checkpoint.resume=auto", ranks=2))
+    check(run_training(killed, *run, "checkpoint.resume=auto", ranks=2))
     a, b = losses_by_step(whole), losses_by_step(killed)
     assert set(a) == set(b) == {1, 2, 3, 4, 5, 6}
     for step in (4, 5, 6):  # run after the resume from step 3
