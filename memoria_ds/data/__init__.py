@@ -19,6 +19,7 @@ from memoria_ds.data.corpora import (
     split_wikitext_articles,
     wikitext103,
 )
+from memoria_ds.data.documents import DocumentStreams, document_segments
 from memoria_ds.data.enwik8 import ENWIK8_SYMBOLS, enwik8, enwik8_vocabulary, read_enwik8_file, split_enwik8_bytes
 from memoria_ds.data.examples import ExampleStreams
 from memoria_ds.data.prepare import prepare_corpus
@@ -45,8 +46,8 @@ from memoria_ds.data.tokenize import (
 
 __all__ = [
     "CORPORA", "ENWIK8_SYMBOLS", "IGNORE_INDEX", "SEPARATOR", "VOCAB_SIZE",
-    "CharVocabulary", "ExampleStreams", "ResetPolicy", "StreamBatch", "StreamLayout", "TokenCorpus", "TokenStreams",
-    "bundled", "bundled_chapters", "enwik8", "enwik8_vocabulary", "generate_sorting", "generate_sorting_example",
+    "CharVocabulary", "DocumentStreams", "ExampleStreams", "ResetPolicy", "StreamBatch", "StreamLayout", "TokenCorpus", "TokenStreams",
+    "bundled", "bundled_chapters", "document_segments", "enwik8", "enwik8_vocabulary", "generate_sorting", "generate_sorting_example",
     "gpt2_tokenizer_offline", "input_length_for", "load_corpus", "load_dataset_dict", "load_tokenizer",
     "local_documents", "pg19", "prepare_corpus", "read_enwik8_file", "sorting_dataset", "sorting_sequence",
     "sorting_target", "split_enwik8_bytes", "split_wikitext_articles", "token_metadata", "tokenize_documents",

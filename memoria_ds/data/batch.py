@@ -36,6 +36,9 @@ class StreamBatch:
         epoch: epoch index (0-based).
         step: segment index within the epoch (0-based).
         global_step: `epoch * steps_per_epoch + step`.
+        labels: (B,) int64, a classification task's label of each row's document, -100 where
+            this segment holds none of it (`DocumentStreams`); None for language modelling.
+        last: (B,) bool, this segment is the last of the row's document (`DocumentStreams`), or None.
     """
 
     input_ids: torch.Tensor
@@ -47,6 +50,8 @@ class StreamBatch:
     epoch: int
     step: int
     global_step: int
+    labels: torch.Tensor | None = None
+    last: torch.Tensor | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "StreamBatch":
         """A copy with every tensor on `device`."""

@@ -54,10 +54,14 @@ def forward_segment(model: Any, batch: StreamBatch, memory: Any, reset: torch.Te
     """One segment through a Contract-2 model: its whole output (`.logits`, `.memory`, `.loss`, ...).
 
     `labels` are the batch's aligned targets (or a slice of them) when a loss is wanted; they
-    go in as HF's `shift_labels` (already aligned, no further shift). `attention_mask`: pass
+    go in as HF's `shift_labels` (already aligned, no further shift). A batch of labelled
+    documents (`batch.labels` set) goes to a classifier: `labels` (B,) and the attention mask. `attention_mask`: pass
     the batch's (a prompt's padding); streams pad only at their very end, where nothing
     follows, so they do without.
     """
+    if batch.labels is not None:  # a classifier (`DocumentStreams`): `labels` are the rows' document labels
+        return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=labels, memory=memory,
+                     reset=reset)
     mask = {"attention_mask": batch.attention_mask} if attention_mask else {}
     return model(input_ids=batch.input_ids, shift_labels=labels, memory=memory, reset=reset, **mask)
 

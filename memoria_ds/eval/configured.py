@@ -1,4 +1,5 @@
-"""One split evaluated as a run configuration asks: the protocols of `eval`, or the sorting task.
+"""One split evaluated as a run configuration asks: the protocols of `eval`, the sorting task, or a
+classifier's labelled documents.
 
 Shared by the training loop (evaluation during and after training) and `launch/evaluate.py`
 (a saved model on its own), so both score the same way and write the same result files.
@@ -17,6 +18,7 @@ from .knn_lm import Datastore, IndexedDatastore, KNNLMSettings, build_datastore,
 from .perplexity import evaluate_lm
 from .protocols import protocol_from_name
 from .result import EvalResult
+from .classification import evaluate_classification
 from .sorting import evaluate_sorting
 
 
@@ -62,6 +64,15 @@ def evaluate_split(
     def output(name: str) -> str | None:
         return str(result_file(out_dir, stem, name, suffix)) if out_dir is not None and rank == 0 else None
 
+    if data.corpus == "documents":  # a classifier: `full` and `memoryless` readings of its documents
+        if memory_for is not None:
+            raise ValueError("a classifier starts every document from an empty memory: no starting memory")
+        return [evaluate_classification(
+            model, corpus, segment_length=data.segment_length, max_segments=data.max_segments,
+            batch_size=sorting_batch_size, model_name=label, split=evaluation.split, rank=rank,
+            world_size=world_size, device=device, output_path=output(f"classification_{name}"),
+            memoryless=name == "memoryless",
+        ) for name in evaluation.protocols]
     if data.corpus == "sorting":
         if memory_for is not None:
             raise ValueError("the sorting task starts every example from an empty memory: no starting memory")
@@ -105,6 +116,8 @@ def result_file(out_dir: Path, stem: str, key: str, suffix: str = "") -> Path:
 
 def result_key(result: EvalResult) -> str:
     """The result's name among its split's files: the protocol, or `sorting` / `sorting_memoryless`."""
+    if result.macro_f1 is not None:
+        return f"classification_{result.protocol['name']}"
     if result.accuracy is not None:
         return "sorting_memoryless" if result.protocol.get("memoryless") else "sorting"
     return result.protocol["name"]
@@ -127,6 +140,10 @@ def train_datastore(model: Any, corpus: Any, settings: KNNLMSettings, *, segment
 def describe(result: EvalResult) -> tuple[str, dict[str, float]]:
     """(a one-line summary, the scalars to log) of one result."""
     name = result.protocol["name"] if isinstance(result.protocol, dict) else str(result.protocol)
+    if result.macro_f1 is not None:
+        return (f"[classification, {name}]: accuracy {result.accuracy:.4f}, macro-F1 {result.macro_f1:.4f} over "
+                f"{result.scored_tokens} documents", {"accuracy": result.accuracy, "macro_f1": result.macro_f1,
+                                                       "nll": result.nll})
     if result.accuracy is not None:
         kind = "sorting, memoryless" if result.protocol.get("memoryless") else "sorting"
         return (f"[{kind}]: accuracy {result.accuracy:.4f} over {result.scored_tokens} targets",

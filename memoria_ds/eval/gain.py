@@ -36,6 +36,7 @@ class MemoryGain:
         accuracy_with, accuracy_without: the two sorting accuracies (None for language modelling).
         part: the part of a composite memory reset in the reading without (`memoryless_<part>`), or
             None (the whole memory).
+        unit: what an accuracy counts: `answer symbol` (sorting) or `document` (a classifier).
     """
 
     split: str
@@ -46,6 +47,7 @@ class MemoryGain:
     accuracy_with: float | None = None
     accuracy_without: float | None = None
     part: str | None = None
+    unit: str = "answer symbol"
 
     @property
     def ppl_change(self) -> float:
@@ -54,7 +56,7 @@ class MemoryGain:
 
     def describe(self) -> str:
         if self.accuracy_with is not None:
-            return (f"memory gain {self.split}: {self.nats_per_token:+.4f} nats/answer symbol (accuracy "
+            return (f"memory gain {self.split}: {self.nats_per_token:+.4f} nats/{self.unit} (accuracy "
                     f"{self.accuracy_with:.4f} with the memory, {self.accuracy_without:.4f} with it reset before every "
                     f"segment)")
         what, it = ("memory gain", "it") if self.part is None else (f"gain of the memory's {self.part}", self.part)
@@ -119,4 +121,5 @@ def _gain(full: dict, bare: dict) -> MemoryGain:
                          f"{bare['split']!r}); their difference is not the memory's")
     return MemoryGain(split=full["split"], nats_per_token=bare["nll"] - full["nll"], ppl_with=full["ppl"],
                       ppl_without=bare["ppl"], scored_tokens=full["scored_tokens"],
-                      accuracy_with=full.get("accuracy"), accuracy_without=bare.get("accuracy"))
+                      accuracy_with=full.get("accuracy"), accuracy_without=bare.get("accuracy"),
+                      unit="document" if full.get("macro_f1") is not None else "answer symbol")

@@ -50,8 +50,11 @@ class EvalResult:
         bits_per_token: `nll / ln 2`.
         bpc: bits per character, `nll_sum / (ln 2 * scored characters)`, set when the
             corpus's tokens are characters (enwik8: bytes), else None.
-        accuracy: sorting accuracy (`correct / scored_tokens`), else None.
-        correct: correct argmax predictions (sorting), else None.
+        accuracy: sorting accuracy (`correct / scored_tokens`), or a classifier's over its
+            documents (`scored_tokens` then counts documents), else None.
+        correct: correct argmax predictions (sorting, classification), else None.
+        macro_f1: a classifier's F1 averaged over the classes that occur in the labels or the
+            predictions (scikit-learn's `f1_score(average="macro")`), else None.
         wall_time_s: seconds from the first batch to the reduced totals.
         tokens_per_s: `input_tokens / wall_time_s`.
         notes: anything that qualifies the numbers (e.g. a step limit).
@@ -78,6 +81,7 @@ class EvalResult:
     tokens_per_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     knn_lm: dict[str, Any] | None = None
+    macro_f1: float | None = None
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     versions: dict[str, str] = field(default_factory=_versions)
 
@@ -112,7 +116,8 @@ class EvalResult:
 
     def summary(self) -> str:
         """One line for logs."""
-        metric = (f"acc {self.accuracy:.4f}" if self.accuracy is not None
+        metric = (f"acc {self.accuracy:.4f}" + (f" macro-F1 {self.macro_f1:.4f}" if self.macro_f1 is not None else "")
+                  if self.accuracy is not None
                   else f"bpc {self.bpc:.4f}" if self.bpc is not None else f"ppl {self.ppl:.3f}")
         return (f"{self.model} | {self.data.get('corpus', '?')}/{self.split} | {self.protocol.get('name')} "
                 f"L={self.protocol.get('segment_length')} B={self.protocol.get('num_streams')} | {metric} | "

@@ -8,11 +8,13 @@ from typing import Any
 import torch
 from datasets.exceptions import DatasetGenerationError
 from torch import nn
-from transformers import AutoConfig, GPT2Config
+from transformers import AutoConfig, BertConfig, GPT2Config, RobertaConfig
 
 from ..data import TokenCorpus, input_length_for, local_documents, prepare_corpus, sorting_dataset
+from ..data.labelled import load_labelled_documents
 from ..model import MemoriaGPT2Config, apply_lora, build_model
 from ..model.build import build_config
+from ..model.encoder import apply_encoder_lora, build_encoder_model, encoder_config
 from ..model.families import family_of_config, family_of_preset
 from . import distributed as dist_utils
 from . import faults
@@ -45,6 +47,13 @@ def load_corpora(data: DataSection, splits: tuple[str, ...], rank: int) -> dict[
                      "num_test": s["num_test"] if "test" in splits else 0}
             length = input_length_for(s["num_segments"], data.segment_length)
             return dict(sorting_dataset(length, seed=s["seed"], num_proc=data.num_proc, **sizes))
+        if data.corpus == "documents":  # labelled documents (model.task: classification)
+            try:
+                return load_labelled_documents(files=data.files or None, path=data.path, tokenizer=data.tokenizer,
+                                               splits=splits, text_field=data.text_field,
+                                               label_field=data.label_field, num_proc=data.num_proc)
+            except ValueError as e:  # a missing split, column or unreadable labels: the data's fault
+                raise ConfigError(f"data.corpus=documents: {e}") from None
         if data.corpus == "files":
             try:
                 docs = local_documents(data.files, text_field=data.text_field)
@@ -140,14 +149,17 @@ def check_pretrained_settings(model: ModelSection) -> None:
         )
 
 
-def build_run_model(cfg: RunConfig, vocab_size: int | None) -> nn.Module:
-    """The model of `cfg` (Memoria GPT-2 or a baseline), LoRA-wrapped if asked.
+def build_run_model(cfg: RunConfig, vocab_size: int | None, label_names: list[str] | None = None) -> nn.Module:
+    """The model of `cfg` (Memoria GPT-2 or a baseline, or a Memoria encoder classifier), LoRA-wrapped if asked.
 
     Args:
         vocab_size: the corpus vocabulary; a from-scratch model gets it unless `settings`
             says otherwise; a pretrained backbone must cover it.
+        label_names: a classifier's classes (`model.task: classification`), index -> name.
     """
     m = cfg.model
+    if m.task == "classification":
+        return build_run_encoder(cfg, vocab_size, label_names or [])
     backbone, settings = _model_source(cfg, vocab_size)
     if m.from_scratch:
         model = build_model(backbone, m.preset, attn_implementation=m.attn_implementation, **settings)
@@ -168,10 +180,51 @@ def build_run_model(cfg: RunConfig, vocab_size: int | None) -> nn.Module:
     return apply_lora_section(model, cfg.lora)
 
 
+def build_run_encoder(cfg: RunConfig, vocab_size: int | None, label_names: list[str]) -> nn.Module:
+    """A Memoria BERT / RoBERTa classifier of `label_names`' classes (fp32: the engine owns the precision),
+    LoRA on its backbone if asked (`lora.target_modules` at its GPT-2 default: every linear layer of the
+    backbone's transformer layers)."""
+    m = cfg.model
+    settings = dict(m.settings)
+    if label_names:
+        if settings.get("num_labels", len(label_names)) != len(label_names):
+            raise ConfigError(f"`model.settings.num_labels` ({settings['num_labels']}) but the documents have "
+                              f"{len(label_names)} classes ({label_names[:8]}); remove num_labels")
+        settings.pop("num_labels", None)
+        settings["id2label"] = dict(enumerate(label_names))
+        settings["label2id"] = {name: i for i, name in enumerate(label_names)}
+    if m.from_scratch:
+        shape = BertConfig if m.backbone == "bert" else RobertaConfig
+        extra = {"vocab_size": vocab_size} if vocab_size is not None and "vocab_size" not in settings else {}
+        model = build_encoder_model(shape(**extra), m.preset, attn_implementation=m.attn_implementation, **settings)
+    else:
+        model = build_encoder_model(m.backbone, m.preset, dtype=torch.float32,
+                                    attn_implementation=m.attn_implementation, **settings)
+    if vocab_size is not None and model.config.vocab_size < vocab_size:
+        raise ValueError(f"the documents have token ids up to {vocab_size - 1} but the model's vocabulary has "
+                         f"{model.config.vocab_size} entries; use the backbone's tokenizer (data.tokenizer)")
+    if m.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if not cfg.lora.enabled:
+        return model
+    lora = cfg.lora
+    gpt2_default = lora.target_modules == LoraSection().target_modules
+    targets = {} if gpt2_default else {"target_modules": lora.target_modules}
+    return apply_encoder_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, **targets)
+
+
 def run_model_config(cfg: RunConfig, vocab_size: int | None = None) -> MemoriaGPT2Config:
     """The config of the model `build_run_model` builds for `cfg`, without building it or reading any
     weights (a from-scratch model's vocabulary, which the corpus gives, is the backbone's unless
-    `vocab_size` says): what a checkpoint's memories are checked against."""
+    `vocab_size` says): what a checkpoint's memories are checked against. A classifier's is its
+    Memoria encoder's config (`model.task: classification`)."""
+    m = cfg.model
+    if m.task == "classification":
+        settings = dict(m.settings)
+        if m.from_scratch:
+            shape = BertConfig if m.backbone == "bert" else RobertaConfig
+            return encoder_config(shape(**({"vocab_size": vocab_size} if vocab_size else {})), m.preset, **settings)
+        return encoder_config(m.backbone, m.preset, **settings)
     backbone, settings = _model_source(cfg, vocab_size)
     return build_config(backbone, cfg.model.preset, **settings)
 

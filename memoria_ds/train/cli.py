@@ -55,6 +55,10 @@ def describe_summary(summary: dict) -> str:
         p = r["protocol"]
         metric = f"accuracy {r['accuracy']:.4f}" if r.get("accuracy") is not None else (
             f"bpc {r['bpc']:.4f}" if r.get("bpc") is not None else f"ppl {r['ppl']:.3f}")
+        if r.get("macro_f1") is not None:  # a classifier: over documents
+            lines.append(f"eval [{p['name']}] {r['split']}: {metric}, macro-F1 {r['macro_f1']:.4f} over "
+                         f"{r['scored_tokens']} documents")
+            continue
         lines.append(f"eval [{p['name']}] {r['split']}: {metric} over {r['scored_tokens']} scored tokens")
     gain = memory_gain(summary["eval"])
     if gain is not None:

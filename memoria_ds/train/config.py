@@ -29,6 +29,8 @@ from ..model.config import check_model_settings, position_banks, resolve_preset
 from ..model.families import FAMILIES, family_of_preset
 from ..setting_rules import SettingError
 
+ENCODER_BACKBONES = ("bert", "roberta")  # `model.backbone` of a from-scratch encoder (task: classification)
+
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
 
@@ -63,9 +65,13 @@ class ModelSection(Section):
     """Which model to build.
 
     Args:
+        task: `lm` (default: a causal language model, GPT-2 or a from-scratch family) or
+            `classification` (a Memoria BERT / RoBERTa classifying labelled documents segment
+            by segment, `data.corpus: documents`; docs/encoders.md).
         backbone: a GPT-2 hub name (`gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`) or a
             local directory. Fine-tuning loads its weights; `from_scratch` uses only its
-            config (override sizes in `settings`, e.g. `n_layer`).
+            config (override sizes in `settings`, e.g. `n_layer`). With `task: classification`,
+            a BERT or RoBERTa hub name or directory; from scratch, `bert` or `roberta`.
         from_scratch: build a randomly initialised model from the backbone's config.
         preset: a comparison of the paper (`memoria_ds.model.config.PRESETS`): `memoria`,
             `memoria_wm`, `memoria_wm_stm`, `xl`, `transformer`, `memoria_full_width`,
@@ -83,6 +89,7 @@ class ModelSection(Section):
             `engine=torch`; not with ZeRO-3 or activation checkpointing.
     """
 
+    task: Literal["lm", "classification"] = "lm"
     backbone: str = "gpt2"
     from_scratch: bool = False
     preset: str = "memoria"
@@ -103,6 +110,8 @@ class ModelSection(Section):
             if self.settings.get("memory_compile") is not None:
                 raise ValueError("`model.compile` already compiles the memory engine with the rest of the model; "
                                  "remove `model.settings.memory_compile`")
+        if self.task == "classification":
+            return self._check_encoder()
         # the preset and the memory settings fail here, before any data or model work
         unknown = sorted(set(self.settings) - _model_fields())
         if unknown:
@@ -125,6 +134,31 @@ class ModelSection(Section):
         if "n_embd" in self.settings and "n_head" in self.settings and self.settings["n_embd"] % self.settings["n_head"]:
             raise ValueError(f"`model.settings.n_head` ({self.settings['n_head']}) must divide `n_embd` "
                              f"({self.settings['n_embd']})")
+        return self
+
+    def _check_encoder(self):
+        """`task: classification`: an encoder preset, and settings of the Memoria encoder's config."""
+        from transformers import BertConfig
+
+        from ..model.encoder.config import ENCODER_PRESETS, MemoriaBertConfig, MemoriaRobertaConfig, encoder_config
+
+        if self.preset not in ENCODER_PRESETS:
+            raise ValueError(f"unknown `model.preset` {self.preset!r} for `model.task: classification`; the encoder "
+                             f"presets are {sorted(ENCODER_PRESETS)}")
+        if self.from_scratch and self.backbone not in ENCODER_BACKBONES:
+            raise ValueError(f"`model.backbone` {self.backbone!r} with `model.from_scratch`: give {ENCODER_BACKBONES} "
+                             f"(its sizes in `model.settings`), or a BERT / RoBERTa checkpoint without from_scratch")
+        known = set(MemoriaBertConfig().to_dict()) | set(MemoriaRobertaConfig().to_dict()) | {"memoria", "num_labels"}
+        unknown = sorted(set(self.settings) - known)
+        if unknown:
+            raise ValueError(f"unknown `model.settings` key(s) {unknown} for a Memoria encoder; they are fields of "
+                             f"MemoriaBertConfig / MemoriaRobertaConfig (memoria_ds/model/encoder/config.py)")
+        try:
+            encoder_config(BertConfig(), self.preset, **self.settings)
+        except SettingError as e:
+            raise e.within("model.settings") from None
+        if self.compile is not None:
+            raise ValueError("`model.compile` is not supported with `model.task: classification` yet; leave it unset")
         return self
 
 
@@ -161,8 +195,11 @@ class DataSection(Section):
 
     Args:
         corpus: `bundled` (the shipped public-domain book), `wikitext103`, `pg19`,
-            `enwik8`, `files` (local text/jsonl/parquet files in `files`), or `sorting`
-            (the paper's sorting task, generated; see `sorting`).
+            `enwik8`, `files` (local text/jsonl/parquet files in `files`), `sorting`
+            (the paper's sorting task, generated; see `sorting`), or `documents`
+            (labelled documents to classify, `model.task: classification`: local files in
+            `files`, or a hub dataset / `save_to_disk` folder in `path`; columns
+            `text_field` and `label_field`).
         path: a local copy of the corpus (hub layout, `save_to_disk` folder, raw files);
             None loads from the hub.
         files: data files for `corpus: files`, as `{split: [paths]}`.
@@ -178,6 +215,10 @@ class DataSection(Section):
             `document_start+every:N` (the paper resets all memory every 500 steps).
         loader: extra keyword arguments for the corpus loader (e.g. `num_train_books`).
         num_proc: tokenisation processes.
+        label_field: the label column of labelled documents (`corpus: documents`): class
+            indices, or names (mapped to indices in sorted order, or by the dataset's ClassLabel).
+        max_segments: segments a labelled document may fill (`corpus: documents`); the rest of
+            a longer one is dropped and the run says how many were.
         sorting: the sorting task (`corpus: sorting`): `num_segments` per example (4, 8,
             16, 32 in Table 4), `num_train` (80,000), `num_validation`, `num_test`,
             `seed`. Each example fills exactly `num_segments` segments; memory is reset at
@@ -196,12 +237,14 @@ class DataSection(Section):
     reset: str = "every:500"
     loader: dict = Field(default_factory=dict)
     num_proc: int | None = None
+    label_field: str = "label"
+    max_segments: int = 8
     sorting: dict = Field(default_factory=lambda: {"num_segments": 4, "num_train": 80_000, "num_validation": 1_000,
                                                      "num_test": 1_000, "seed": 0})
 
     @model_validator(mode="after")
     def check(self):
-        corpora = sorted(CORPORA) + ["files", "sorting"]
+        corpora = sorted(CORPORA) + ["documents", "files", "sorting"]
         if self.corpus not in corpora:
             raise ValueError(
                 f"unknown `data.corpus` {self.corpus!r}; choose from {corpora}. For your own files use "
@@ -216,6 +259,11 @@ class DataSection(Section):
         if self.num_proc is not None and self.num_proc < 1:
             raise ValueError(f"`data.num_proc` ({self.num_proc}) must be at least 1, or null (one process)")
         _check_reset("data.reset", self.reset)
+        if self.max_segments < 1:
+            raise ValueError(f"`data.max_segments` ({self.max_segments}) must be at least 1")
+        if self.corpus == "documents" and not (self.files or self.path):
+            raise ValueError("`data.corpus: documents` needs `data.files` ({train: [a.jsonl], validation: [b.jsonl]}) "
+                             "or `data.path` (a hub dataset name or a save_to_disk folder)")
         if self.corpus == "files" and not self.files:
             raise ValueError("`data.corpus: files` needs `data.files`, e.g. {train: [a.txt], validation: [b.txt]}")
         if self.corpus == "sorting":
@@ -233,6 +281,8 @@ class DataSection(Section):
     @property
     def reset_policy(self) -> ResetPolicy:
         policy = ResetPolicy.parse(self.reset)
+        if self.corpus == "documents":  # every document starts with an empty memory, and only there
+            return ResetPolicy(at_document_start=True, every_n_steps=None)
         if self.corpus == "sorting":  # every example starts with an empty memory
             policy = ResetPolicy(at_document_start=True, every_n_steps=policy.every_n_steps)
         return policy
@@ -563,6 +613,11 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def check(self):
+        if (self.model.task == "classification") != (self.data.corpus == "documents"):
+            raise ValueError("`model.task: classification` reads labelled documents and only them: set both "
+                             "`model.task: classification` and `data.corpus: documents`, or neither")
+        if self.model.task == "classification":
+            return self._check_classification()
         # a from-scratch model gets GPT-2's 1024 positions unless told otherwise; every segment
         # restarts at position 0 (the memory models included), so a segment must fit
         positions = self.model.settings.get("n_positions", 1024)
@@ -601,6 +656,31 @@ class RunConfig(Section):
                 and self.data.sorting_settings[f"num_{self.eval.split}"] < 1):
             raise ValueError(f"`data.sorting.num_{self.eval.split}` is 0: nothing to evaluate on `eval.split: "
                              f"{self.eval.split}`; generate some, or set `eval.at_end=false`")
+        return self
+
+
+    def _check_classification(self):
+        """`model.task: classification` on `data.corpus: documents`: what the loop and the evaluation support."""
+        positions = self.model.settings.get("max_position_embeddings", 512)
+        if self.model.from_scratch and self.data.segment_length > positions - 2:  # RoBERTa's positions start at 2
+            raise ValueError(f"`data.segment_length` ({self.data.segment_length}) needs max_position_embeddings of at "
+                             f"least {self.data.segment_length + 2}; set `model.settings.max_position_embeddings`")
+        if self.optim.bptt_segments != 1:
+            raise ValueError(f"`optim.bptt_segments` ({self.optim.bptt_segments}): a Memoria encoder learns within a "
+                             f"segment (the engine's state carries no gradient): use bptt_segments=1")
+        if self.eval.knn_lm.enabled:
+            raise ValueError("`eval.knn_lm` interpolates a language model; a classifier is scored by accuracy and "
+                             "F1: set `eval.knn_lm.enabled=false`")
+        wrong = [p for p in self.eval.protocols if p not in ("full", "memoryless")]
+        if wrong:
+            raise ValueError(f"`eval.protocols` {wrong}: a classifier is evaluated `full` (its memory across a "
+                             f"document's segments) and `memoryless` (each segment alone)")
+        if self.lora.enabled and self.model.from_scratch:
+            raise ValueError("LoRA adapts a pretrained backbone: set `lora.enabled: false` for `model.from_scratch`")
+        splits = sorted(self.data.files) if self.data.files else ["test", "train", "validation"]
+        if (self.eval.at_end or self.eval.every) and self.eval.split not in splits:
+            raise ValueError(f"`eval.split` {self.eval.split!r} is not among the documents' splits {splits}; choose "
+                             f"one, or set `eval.at_end=false`")
         return self
 
 

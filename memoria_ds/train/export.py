@@ -126,7 +126,7 @@ def export_hf(
         log(f"export: {checked} trained tensors (fp32{' masters' if cfg.engine == 'deepspeed' else ''}) "
             f"equal the live parameters at step {step}")
         vocab = vocab_size
-        fresh = build_run_model(cfg, vocab).to("cpu")
+        fresh = build_run_model(cfg, vocab, run_label_names(cfg, model)).to("cpu")
         trainable = {n for n, p in fresh.named_parameters() if p.requires_grad}
         missing = sorted(trainable - set(state))
         if missing:
@@ -139,7 +139,7 @@ def export_hf(
                 exported = fresh.merge_and_unload()
             else:
                 fresh.save_pretrained(str(out_dir / "adapter"), safe_serialization=True)
-                exported = unwrap(build_run_model_plain(cfg, vocab))
+                exported = unwrap(build_run_model_plain(cfg, vocab, run_label_names(cfg, model)))
                 exported.load_state_dict(_strip_lora(state), strict=False)
         else:
             exported = fresh
@@ -154,10 +154,18 @@ def export_hf(
     return out_dir
 
 
-def build_run_model_plain(cfg: RunConfig, vocab: int) -> nn.Module:
+def build_run_model_plain(cfg: RunConfig, vocab: int, labels: list[str] | None = None) -> nn.Module:
     """The run's model without LoRA (the base for a non-merged adapter export)."""
     plain = cfg.model_copy(update={"lora": cfg.lora.model_copy(update={"enabled": False})})
-    return build_run_model(plain, vocab).to("cpu")
+    return build_run_model(plain, vocab, labels).to("cpu")
+
+
+def run_label_names(cfg: RunConfig, model: nn.Module) -> list[str] | None:
+    """A classifier's classes as the trained model names them (index order), else None."""
+    if cfg.model.task != "classification":
+        return None
+    id2label = unwrap(model).config.id2label
+    return [id2label[i] for i in range(len(id2label))]
 
 
 def _save_tokenizer(cfg: RunConfig, out_dir: Path, log: Callable[[str], None]) -> None:

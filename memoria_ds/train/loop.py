@@ -145,7 +145,7 @@ def _steps(ctx: RunContext, state: RunState, writer: MetricsWriter, window: _Win
             losses = []
             for k, (batch, reset) in enumerate(span):
                 micro = batch.rows(rows)
-                targets = micro.targets
+                targets = micro.targets if micro.labels is None else micro.labels  # a classifier's: (B,)
                 fresh = reset[rows] | state.discard[j] if k == 0 else reset[rows]
                 with torch.set_grad_enabled(update):
                     out = _forward(state.engine, micro, state.memories[j], fresh, targets if update else None,
@@ -342,12 +342,13 @@ def evaluate(ctx: RunContext, state: RunState, writer: MetricsWriter, step: int)
         label=(f"{cfg.model.preset}@step_{step:08d}" if cfg.data.corpus == "sorting"
                else f"{cfg.model.backbone}:{cfg.model.preset}@step_{step:08d}"),
         sorting_batch_size=ctx.num_streams,
-        trace=functools.partial(_trace, ctx) if step == ctx.total_steps else None,
+        trace=functools.partial(_trace, ctx) if step == ctx.total_steps and cfg.data.corpus != "documents" else None,
         train_corpus=ctx.corpora.get("train"),
     )
     for result in results:
         line, values = describe(result)
-        kind = (("eval_sorting_memoryless" if result.protocol.get("memoryless") else "eval_sorting")
+        kind = ((f"eval_classification_{result.protocol['name']}") if result.macro_f1 is not None else
+                ("eval_sorting_memoryless" if result.protocol.get("memoryless") else "eval_sorting")
                 if result.accuracy is not None else f"eval_{result.protocol['name']}")
         writer.log(step, values, kind=kind)
         writer.message(f"eval step {step} {line}")

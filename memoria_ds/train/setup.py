@@ -22,7 +22,7 @@ import functools
 import json
 from typing import Any
 
-from ..data import VOCAB_SIZE, ExampleStreams, StreamLayout, TokenStreams
+from ..data import VOCAB_SIZE, DocumentStreams, ExampleStreams, StreamLayout, TokenStreams
 from ..eval.protocols import protocol_from_name
 from ..model.composition import memory_kinds
 from ..model.config import idle_settings, resolve_preset
@@ -56,7 +56,18 @@ def _ds_config(cfg: RunConfig, info: DistInfo, precision: str, resumed: Checkpoi
 
 
 def _streams(cfg: RunConfig, info: DistInfo, corpus: Any, num_streams: int) -> TokenStreams | ExampleStreams:
-    """This rank's training streams: fixed-length examples for the sorting task, else text."""
+    """This rank's training streams: labelled documents for classification, fixed-length examples
+    for the sorting task, else text."""
+    if cfg.data.corpus == "documents":
+        try:
+            return DocumentStreams(corpus.dataset, batch_size=num_streams, segment_length=cfg.data.segment_length,
+                                   max_segments=cfg.data.max_segments, rank=info.rank, world_size=info.world_size,
+                                   shuffle=True, seed=cfg.seed, drop_last=True, pad_id=corpus.pad_id,
+                                   cls_id=corpus.cls_id, sep_id=corpus.sep_id)
+        except ValueError as e:
+            raise ConfigError(f"the training documents cannot make this run's batches ({e}); the settings: "
+                              f"data.segment_length, optim.micro_batch_size x optim.grad_accum x ranks = "
+                              f"{num_streams} rows") from None
     if cfg.data.corpus == "sorting":
         return ExampleStreams(corpus, batch_size=num_streams, segment_length=cfg.data.segment_length,
                               rank=info.rank, world_size=info.world_size, shuffle=True, seed=cfg.seed,
@@ -166,20 +177,26 @@ def setup(cfg: RunConfig, info: DistInfo) -> tuple[RunContext, RunState]:
 def _build(cfg: RunConfig, info: DistInfo, lock: RunLock) -> tuple[RunContext, RunState]:
     log = functools.partial(rank0_print, info)
     precision = resolve_precision(cfg.optim.precision, info.device)
-    check_pretrained_settings(cfg.model)  # before any data work
-    check_run(cfg, info, precision)  # the settings against the model's shape, the kNN-LM index, a bptt span
+    classify = cfg.model.task == "classification"
+    if not classify:  # (an encoder's settings were checked whole by RunConfig)
+        check_pretrained_settings(cfg.model)  # before any data work
+        check_run(cfg, info, precision)  # the settings against the model's shape, the kNN-LM index, a bptt span
     resumed = _resume_point(cfg, info, log)
     # DeepSpeed config mistakes (batch arithmetic, fp16 on CPU) stop the run before any data work
     ds_config = _ds_config(cfg, info, precision, resumed) if cfg.engine == "deepspeed" else None
 
     splits = ("train",) + ((cfg.eval.split,) if (cfg.eval.at_end or cfg.eval.every) else ())
     corpora = load_corpora(cfg.data, splits, info.rank)
-    if cfg.data.corpus != "sorting":
+    if cfg.data.corpus not in ("sorting", "documents"):
         check_datastore(cfg, corpora["train"].num_tokens)
     num_streams = cfg.optim.micro_batch_size * cfg.optim.grad_accum * info.world_size
     streams = _streams(cfg, info, corpora["train"], num_streams)
-    if len(splits) > 1 and cfg.data.corpus != "sorting":
+    if len(splits) > 1 and cfg.data.corpus not in ("sorting", "documents"):
         _check_eval_split(cfg, info, corpora[cfg.eval.split])
+    if classify and streams.truncated:
+        log(f"note: {streams.truncated} of {corpora['train'].num_documents} training documents are longer than "
+            f"data.max_segments={cfg.data.max_segments} segments of {cfg.data.segment_length}: their first "
+            f"{cfg.data.max_segments} segments are read")
     vocab_size = VOCAB_SIZE if cfg.data.corpus == "sorting" else corpora["train"].metadata.get("vocab_size")
     total_steps = cfg.optim.max_steps or cfg.optim.epochs * streams.steps_per_epoch // cfg.optim.bptt_segments
     if total_steps < 1:
@@ -195,9 +212,10 @@ def _build(cfg: RunConfig, info: DistInfo, lock: RunLock) -> tuple[RunContext, R
 
     seed_everything(cfg.seed)  # the same initial weights on every rank
     with zero3_construction(ds_config):  # under ZeRO-3: built straight into partitions
-        model = build_run_model(cfg, vocab_size)
-    memory_type = resolve_preset(cfg.model.preset, **cfg.model.settings).get("memory_type", "memoria")
-    idle = idle_settings(memory_type, cfg.model.settings)
+        model = build_run_model(cfg, vocab_size, corpora["train"].label_names if classify else None)
+    memory_type = ("memoria" if classify else
+                   resolve_preset(cfg.model.preset, **cfg.model.settings).get("memory_type", "memoria"))
+    idle = [] if classify else idle_settings(memory_type, cfg.model.settings)
     if idle:
         log(f"note: model.settings {', '.join(idle)} configure another kind of memory; model.preset="
             f"{cfg.model.preset} (memory_type {memory_type}) does not read them: they change nothing in this run")
@@ -218,7 +236,8 @@ def _build(cfg: RunConfig, info: DistInfo, lock: RunLock) -> tuple[RunContext, R
     config = unwrap(engine.module).config
     ctx = RunContext(cfg=cfg, info=info, lock=lock, precision=precision, corpora=corpora,
                      vocab_size=vocab_size, total_steps=total_steps, update_steps=update_steps,
-                     memoria_config=config.memoria_config if "memoria" in memory_kinds(config.memory_type) else None,
+                     memoria_config=(config.memoria_config if classify or "memoria" in memory_kinds(config.memory_type)
+                                     else None),
                      resumed=resumed)
     state = RunState.fresh(engine, streams, cfg.optim.grad_accum, info.device)
     seed_everything(cfg.seed + 1000 * (info.rank + 1))  # dropout streams differ per rank

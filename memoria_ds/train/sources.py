@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 from ..data.corpora import PG19_HUB, WIKITEXT_HUB
 from ..data.enwik8 import ENWIK8_HUB
 from .build import GPT2_SHAPES
-from .config import RunConfig
+from .config import ENCODER_BACKBONES, RunConfig
 from .parse import ConfigError
 
 # The hub repositories behind each named corpus.
@@ -76,12 +76,16 @@ def hub_needs(cfg: RunConfig) -> list[str]:
     needs = []
     m, d = cfg.model, cfg.data
     local = Path(m.backbone).is_dir()
-    if not local and not (m.from_scratch and m.backbone.split("/")[-1] in GPT2_SHAPES):
+    named_shape = (m.backbone in ENCODER_BACKBONES if m.task == "classification"
+                   else m.backbone.split("/")[-1] in GPT2_SHAPES)
+    if not local and not (m.from_scratch and named_shape):
         if not _model_cached(_hub_name(m.backbone, "model.backbone"), weights=not m.from_scratch):
             needs.append(f"the backbone {m.backbone!r} (model.backbone)")
     repo = CORPUS_REPOS.get(d.corpus)
     if repo is not None and d.path is None and not _dataset_cached(repo):
         needs.append(f"the corpus {d.corpus!r} ({repo}; data.corpus)")
+    if d.corpus == "documents" and not d.files and not Path(d.path).exists() and not _dataset_cached(d.path):
+        needs.append(f"the documents {d.path!r} (data.path)")
     if (d.tokenizer is not None and not Path(d.tokenizer).exists()
             and not _model_cached(_hub_name(d.tokenizer, "data.tokenizer"), weights=False)):
         needs.append(f"the tokenizer {d.tokenizer!r} (data.tokenizer)")

@@ -35,6 +35,8 @@ from .mosaic import MosaicKind, MosaicMemory, MosaicRead
 from .none import NoMemory, NoneKind
 from .xl import XLKind, XLMemory, XLRead
 
+ENCODER_KIND = "memoria_encoder"  # a Memoria encoder's saved memory (`model/encoder/memory.py`'s KIND)
+
 KINDS: dict[str, type[MemoryKind]] = {kind.name: kind for kind in (NoneKind, XLKind, MemoriaKind, CompressiveKind,
                                                                   InfinityKind, MemorizingKind, MosaicKind,
                                                                   MemformerKind, MemSizerKind)}
@@ -72,6 +74,8 @@ def memory_from_state_dict(
     if not isinstance(state_dict, dict):
         raise ValueError(f"a saved memory must be a mapping, got a {type(state_dict).__name__}")
     kind = state_dict.get("kind")
+    if kind == ENCODER_KIND:  # a Memoria encoder's (model/encoder/memory.py): the engine's state alone
+        return _encoder_memory(state_dict, config, device, model_config)
     if not isinstance(kind, str) or any(k not in KINDS for k in memory_kinds(kind)):
         raise ValueError(f"unknown memory kind {kind!r}; expected one of {sorted(KINDS)}, or several joined by '+'")
     if model_config is not None and kind != model_config.memory_type:
@@ -94,6 +98,31 @@ def memory_from_state_dict(
         return at_fixed_addresses(memory.clone() if isinstance(memory, BatchRows) else memory)
     except (KeyError, TypeError, AttributeError, IndexError, RuntimeError) as e:
         raise ValueError(f"saved {kind} memory is malformed ({type(e).__name__}: {e})") from None
+
+
+def _encoder_memory(state_dict: dict[str, Any], config: MemoriaConfig | None, device: torch.device | str | None,
+                    model_config: Any) -> RecurrentMemory:
+    """A Memoria encoder's saved memory, checked as every kind's is (`memory_from_state_dict`)."""
+    from ..encoder.config import EncoderMemoryFields
+    from ..encoder.memory import EncoderMemory
+
+    if model_config is not None and not isinstance(model_config, EncoderMemoryFields):
+        raise ValueError(f"saved memory is of kind {ENCODER_KIND!r} (a Memoria encoder's) but this model's memory "
+                         f"is {getattr(model_config, 'memory_type', None)!r}")
+    where = _non_finite(state_dict)
+    if where is not None:
+        raise ValueError(f"saved {ENCODER_KIND} memory holds non-finite values in `{where}`: damaged or crafted, "
+                         f"not loaded")
+    if config is None and model_config is not None:
+        config = model_config.memoria_config
+    try:
+        memory = EncoderMemory.from_state_dict(state_dict, config=config, device=device)
+    except (KeyError, TypeError, AttributeError, IndexError, RuntimeError) as e:
+        raise ValueError(f"saved {ENCODER_KIND} memory is malformed ({type(e).__name__}: {e})") from None
+    if model_config is not None and memory.state.vectors.shape[-1] != model_config.hidden_size:
+        raise ValueError(f"saved {ENCODER_KIND} memory holds engrams of width {memory.state.vectors.shape[-1]}, "
+                         f"this model's are {model_config.hidden_size}")
+    return memory
 
 
 def _non_finite(tree: Any, name: str = "") -> str | None:

@@ -1,0 +1,118 @@
+"""A classifier's accuracy and macro-F1 on labelled documents, read segment by segment.
+
+Each document is read as `DocumentStreams` cuts it (its first `max_segments` segments), its row's
+memory carried from one segment to the next and reset at the document's first; the prediction is
+the argmax at the document's last segment (the authors' evaluation of Memoria BERT / RoBERTa,
+`eval_classification.py`). The counts (a confusion matrix, the label NLL) are exact sums over ranks.
+
+`memoryless=True` reads the same documents with every row reset before every segment: the last
+segment alone decides, and the difference from the carried reading is what the memory does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from memoria_ds.data.documents import DocumentStreams
+from memoria_ds.data.reset import ResetPolicy
+from memoria_ds.data.segments import run_segments
+from memoria_ds.eval.protocols import EVERY_SEGMENT
+from memoria_ds.eval.result import EvalResult
+from memoria_ds.eval.scoring import all_reduce_sums, dist_coordinates, evaluating, model_device
+
+_EVERY_DOCUMENT = ResetPolicy(at_document_start=True)
+
+
+def macro_f1(confusion: torch.Tensor) -> float:
+    """F1 averaged over the classes present in the labels or the predictions.
+
+    Args:
+        confusion: (K, K) counts, row = true class, column = predicted class.
+    """
+    c = confusion.double()
+    tp, true, predicted = c.diagonal(), c.sum(1), c.sum(0)
+    present = (true + predicted) > 0
+    f1 = 2 * tp / (true + predicted).clamp(min=1)  # 2 TP / (2 TP + FP + FN)
+    return float(f1[present].mean()) if bool(present.any()) else 0.0
+
+
+def evaluate_classification(
+    model: Any,
+    documents: Any,
+    *,
+    segment_length: int,
+    max_segments: int,
+    batch_size: int,
+    model_name: str = "model",
+    split: str = "test",
+    rank: int | None = None,
+    world_size: int | None = None,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+    output_path: str | None = None,
+    memoryless: bool = False,
+) -> EvalResult:
+    """Accuracy and macro-F1 of a classifier in Contract 2 (`model(input_ids, attention_mask, labels,
+    memory, reset)`, logits (B, K)) on one split of `LabelledDocuments`.
+
+    Args:
+        documents: `memoria_ds.data.labelled.LabelledDocuments` of the split.
+        segment_length / max_segments: how documents are cut (as the run trained).
+        batch_size: B_global documents per batch (a multiple of the world size); the last batch is
+            padded with unscored rows, so every document counts once.
+        memoryless: reset every row before every segment.
+
+    Returns:
+        `EvalResult`: `accuracy`, `macro_f1`, `correct`, the NLL of the labels; `scored_tokens`
+        counts documents.
+    """
+    d_rank, d_world = dist_coordinates()
+    rank = d_rank if rank is None else rank
+    world_size = d_world if world_size is None else world_size
+    streams = DocumentStreams(documents.dataset, batch_size=batch_size, segment_length=segment_length,
+                              max_segments=max_segments, rank=rank, world_size=world_size, pad_id=documents.pad_id,
+                              cls_id=documents.cls_id, sep_id=documents.sep_id)
+    device = torch.device(device) if device is not None else model_device(model)
+    k = documents.num_labels
+    confusion = torch.zeros(k * k, dtype=torch.float64, device=device)
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # label nll, input tokens
+    start = time.perf_counter()
+    reset = EVERY_SEGMENT if memoryless else _EVERY_DOCUMENT
+    label = f"eval {split}" if progress and rank == 0 else None
+    with evaluating(model):
+        for seg in run_segments(model, streams, reset=reset, device=device, progress=label):
+            batch = seg.batch
+            logits = (seg.output["logits"] if isinstance(seg.output, dict) else seg.output.logits).float()  # (B, K)
+            scored = batch.last & (batch.labels >= 0)  # (B,) the rows whose document ends here
+            labels = batch.labels.clamp(min=0)
+            nll = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+            cell = labels * k + logits.argmax(-1)
+            confusion += torch.bincount(cell[scored], minlength=k * k).double()
+            sums += torch.stack([(nll * scored).double().sum(), batch.attention_mask.sum().double()])
+    confusion, sums = all_reduce_sums(confusion), all_reduce_sums(sums)
+    matrix = confusion.view(k, k)
+    wall = time.perf_counter() - start
+    result = EvalResult.from_sums(
+        nll_sum=float(sums[0]), scored_tokens=int(round(float(matrix.sum()))),
+        correct=int(round(float(matrix.diagonal().sum()))), model=model_name,
+        data={"corpus": "documents", "num_documents": documents.num_documents, "num_labels": k,
+              "label_names": list(documents.label_names), "truncated": streams.truncated,
+              "fingerprint": getattr(documents.dataset, "_fingerprint", ""), **documents.metadata},
+        split=split,
+        protocol={"name": "memoryless" if memoryless else "full", "segment_length": segment_length,
+                  "num_streams": batch_size, "max_segments": max_segments, "reset": reset.to_dict(),
+                  "memoryless": memoryless, "scored": "argmax at each document's last segment",
+                  "confusion": matrix.long().tolist()},
+        world_size=world_size, steps=streams.steps_per_epoch, input_tokens=int(round(float(sums[1]))),
+        wall_time_s=wall, tokens_per_s=float(sums[1]) / wall if wall > 0 else 0.0,
+        macro_f1=macro_f1(matrix),
+    )
+    if output_path is not None and rank == 0:
+        result.save(output_path)
+    return result
+
+
+__all__ = ["evaluate_classification", "macro_f1"]

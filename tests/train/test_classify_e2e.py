@@ -1,0 +1,81 @@
+"""A Memoria BERT classifying labelled documents through the real launcher (`model.task:
+classification`, `data.corpus: documents`): on 2 CPU ranks a kill and resume gives the
+uninterrupted run's losses and final evaluation bit for bit (the memory of every document row
+checkpointed with the step); the summary holds accuracy and macro-F1 with and without the memory;
+the export loads through `AutoModelForSequenceClassification` and scores as the run did; bad
+classification settings are refused before any work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from memoria_ds.train.faults import EXIT_CODE
+
+from .classify_util import classify_args, run_args
+from .launch_util import ROOT, check, losses_by_step, run_training
+
+DS = f"deepspeed={ROOT / 'ds_configs' / 'cpu.json'}"
+
+
+def _run(run, tmp_path, *extra, **kw):
+    """A run of the task `classify_args` writes under tmp_path (once: the same files for every run)."""
+    if not (tmp_path / "docs").exists():
+        classify_args(tmp_path)
+    return run_training(run, *run_args(tmp_path), DS, "optim.max_steps=8", "checkpoint.every=4",
+                        *extra, tiny=False, **kw)
+
+
+def test_two_rank_kill_and_resume_equals_uninterrupted(tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    check(_run(whole, tmp_path, ranks=2))
+    proc = _run(killed, tmp_path, ranks=2, fault="kill_after_step:6")
+    assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
+    check(_run(killed, tmp_path, "checkpoint.resume=auto", ranks=2))
+    a, b = losses_by_step(whole), losses_by_step(killed)
+    assert set(a) == set(b) == set(range(1, 9))
+    for step in (5, 6, 7, 8):  # trained after the resume from step 4 (steps 1-2: document 1, 3-4: ...)
+        assert a[step] == b[step], f"step {step}: uninterrupted {a[step]!r} vs resumed {b[step]!r}"
+    ea = json.loads((whole / "summary.json").read_text())["eval"]
+    eb = json.loads((killed / "summary.json").read_text())["eval"]
+    assert [r["protocol"]["name"] for r in ea] == ["full", "memoryless"]
+    for x, y in zip(ea, eb):
+        assert (x["accuracy"], x["macro_f1"], x["nll"]) == (y["accuracy"], y["macro_f1"], y["nll"])
+        assert x["scored_tokens"] == 8 and x["data"]["label_names"] == ["alpha", "beta", "gamma"]
+
+
+def test_the_export_loads_as_a_sequence_classifier_and_scores_as_the_run(tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    import memoria_ds.model.encoder  # noqa: F401  (registers the Auto classes)
+    from memoria_ds.data.labelled import load_labelled_documents
+    from memoria_ds.eval.classification import evaluate_classification
+
+    run = tmp_path / "run"
+    check(_run(run, tmp_path, "checkpoint.export=true", "optim.max_steps=4"))
+    model = AutoModelForSequenceClassification.from_pretrained(run / "export").eval()
+    assert model.config.id2label == {0: "alpha", 1: "beta", 2: "gamma"}
+    docs = load_labelled_documents(files={"validation": [str(tmp_path / "docs" / "validation.jsonl")]},
+                                   tokenizer=str(run / "export"), splits=("validation",))["validation"]
+    ours = evaluate_classification(model, docs, segment_length=12, max_segments=4, batch_size=2, split="validation",
+                                   device="cpu")
+    (full, _) = json.loads((run / "summary.json").read_text())["eval"]
+    assert ours.correct == full["correct"] and ours.macro_f1 == full["macro_f1"]
+    assert ours.nll == pytest.approx(full["nll"], rel=1e-5)
+
+
+@pytest.mark.parametrize("extra,says", [
+    (["data.corpus=bundled"], "set both `model.task: classification` and `data.corpus: documents`"),
+    (["model.preset=xl"], "unknown `model.preset` 'xl' for `model.task: classification`"),
+    (["optim.bptt_segments=2"], "use bptt_segments=1"),
+    (["eval.protocols=[full, memoryless_memoria]"], "a classifier is evaluated `full`"),
+    (["data.label_field=topic"], "has no column 'topic'"),
+])
+def test_a_bad_classification_setting_is_one_line_and_exit_2(tmp_path, extra, says):
+    run = tmp_path / "run"
+    proc = _run(run, tmp_path, *extra)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert says in proc.stderr, proc.stderr[-3000:]
+    assert not (run / "checkpoints").exists()
