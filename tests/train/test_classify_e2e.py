@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from memoria_ds.train.faults import EXIT_CODE
 
