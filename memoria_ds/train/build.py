@@ -268,5 +268,13 @@ def unwrap(model: nn.Module) -> nn.Module:
     return base() if callable(base) else model
 
 
+def run_label_names(cfg: RunConfig, model: nn.Module) -> list[str] | None:
+    """A classifier's classes as the trained model names them (index order), else None."""
+    if cfg.model.task != "classification":
+        return None
+    id2label = unwrap(model).config.id2label
+    return [id2label[i] for i in range(len(id2label))]
+
+
 def model_config(model: nn.Module) -> MemoriaGPT2Config:
     return unwrap(model).config

@@ -53,8 +53,10 @@ def checkpoint_model(path: Path, verify: bool = True) -> nn.Module:
     info, cfg = checkpoint_config(path, verify)
     state = consolidated_state_dict(info.path, info.manifest.get("meta", {}).get("engine", cfg.engine))
     # a from-scratch model's vocabulary came from the corpus: the saved embedding has its size
-    vocab = next((t.shape[0] for name, t in state.items() if name.endswith("wte.weight")), None)
-    model = build_run_model(cfg, vocab).to("cpu")
+    vocab = next((t.shape[0] for name, t in state.items() if name.endswith(("wte.weight", "word_embeddings.weight"))),
+                 None)
+    labels = info.manifest.get("meta", {}).get("label_names")  # a classifier's classes
+    model = build_run_model(cfg, vocab, labels).to("cpu")
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     missing = sorted(trainable - set(state))
     unknown = sorted(set(state) - set(model.state_dict()))

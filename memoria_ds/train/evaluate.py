@@ -146,6 +146,8 @@ def load_model(source: str, device, precision: str, *, verified: bool = False):
 
     from ..eval import MemorylessLM
     from ..model import MemoriaGPT2LMHeadModel
+    from ..model.encoder.config import EncoderMemoryFields
+    from ..model.encoder.modeling import MODEL_FOR_CONFIG
     from ..model.families import family_of_config
 
     dtype = torch.bfloat16 if device.type == "cuda" and precision == "bf16" else torch.float32
@@ -155,7 +157,10 @@ def load_model(source: str, device, precision: str, *, verified: bool = False):
         return checkpoint_model(Path(source), verify=not verified).to(device=device, dtype=dtype).eval()
     if getattr(AutoConfig.from_pretrained(source), "model_type", None) == MemoriaGPT2LMHeadModel.config_class.model_type:
         return MemoriaGPT2LMHeadModel.from_pretrained(source, dtype=dtype).to(device).eval()
-    family = family_of_config(AutoConfig.from_pretrained(source))  # a Memory Mosaic, a MemSizer: Contract 2 as it is
+    saved = AutoConfig.from_pretrained(source)
+    if isinstance(saved, EncoderMemoryFields):  # a Memoria BERT / RoBERTa classifier
+        return MODEL_FOR_CONFIG[type(saved)].from_pretrained(source, dtype=dtype).to(device).eval()
+    family = family_of_config(saved)  # a Memory Mosaic, a MemSizer: Contract 2 as it is
     if family is not None:
         return family.model_class.from_pretrained(source, dtype=dtype).to(device).eval()
     return MemorylessLM(AutoModelForCausalLM.from_pretrained(source, dtype=dtype)).to(device).eval()

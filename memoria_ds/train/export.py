@@ -29,7 +29,7 @@ from torch import nn
 from ..model.remote_code import add_remote_code
 from ..safe_io import load_tree
 from . import distributed as dist_utils
-from .build import build_run_model, unwrap
+from .build import build_run_model, run_label_names, unwrap
 from .checkpoints import ENGINE_TAG
 from .engine import ENGINE_FILE, fp32_master, gathered, zero_fp32_state_dict
 from .config import RunConfig
@@ -159,13 +159,6 @@ def build_run_model_plain(cfg: RunConfig, vocab: int, labels: list[str] | None =
     plain = cfg.model_copy(update={"lora": cfg.lora.model_copy(update={"enabled": False})})
     return build_run_model(plain, vocab, labels).to("cpu")
 
-
-def run_label_names(cfg: RunConfig, model: nn.Module) -> list[str] | None:
-    """A classifier's classes as the trained model names them (index order), else None."""
-    if cfg.model.task != "classification":
-        return None
-    id2label = unwrap(model).config.id2label
-    return [id2label[i] for i in range(len(id2label))]
 
 
 def _save_tokenizer(cfg: RunConfig, out_dir: Path, log: Callable[[str], None]) -> None:

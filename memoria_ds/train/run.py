@@ -19,7 +19,7 @@ from ..memory import MemoriaConfig
 from .checkpoints import (CheckpointError, CheckpointInfo, describe_resume, ensure_universal, fingerprint,
                           list_checkpoints, load_all_shards, load_shard, make_shard, restore_memories,
                           save_checkpoint, seed_everything, set_rng_state)
-from .build import unwrap
+from .build import run_label_names, unwrap
 from .config import RunConfig
 from .distributed import DistInfo
 from .engine import DeepSpeedEngine, TrainEngine, versions
@@ -131,7 +131,7 @@ class RunState:
         meta = {"fingerprint": fingerprint(cfg), "config": to_dict(cfg), "versions": versions(),
                 "engine": cfg.engine, "precision": ctx.precision,
                 "zero_stage": getattr(self.engine, "zero_stage", None), "lora": ctx.lora,
-                "weights_at_start": ctx.weights_at_start}
+                "weights_at_start": ctx.weights_at_start, "label_names": run_label_names(cfg, self.model)}
         return save_checkpoint(root, step, self.engine, shard, rank=ctx.info.rank, world_size=ctx.info.world_size,
                                exclude_frozen=ctx.lora, meta=meta, keep_last=cfg.checkpoint.keep_last)
 

@@ -14,7 +14,10 @@ import pytest
 from memoria_ds.train.faults import EXIT_CODE
 
 from .classify_util import classify_args, run_args
+from memoria_ds.eval.result import read_results
+
 from .launch_util import ROOT, check, losses_by_step, run_training
+from .test_evaluate_e2e import evaluate
 
 DS = f"deepspeed={ROOT / 'ds_configs' / 'cpu.json'}"
 
@@ -60,9 +63,22 @@ def test_the_export_loads_as_a_sequence_classifier_and_scores_as_the_run(tmp_pat
                                    tokenizer=str(run / "export"), splits=("validation",))["validation"]
     ours = evaluate_classification(model, docs, segment_length=12, max_segments=4, batch_size=2, split="validation",
                                    device="cpu")
-    (full, _) = json.loads((run / "summary.json").read_text())["eval"]
+    (full, bare) = json.loads((run / "summary.json").read_text())["eval"]
     assert ours.correct == full["correct"] and ours.macro_f1 == full["macro_f1"]
     assert ours.nll == pytest.approx(full["nll"], rel=1e-5)
+    # the evaluate command, on the export and on the newest checkpoint (the export moved aside), on 2 ranks
+    for ranks in (1, 2):
+        out = tmp_path / f"scored{ranks}"
+        proc = evaluate(str(run), "--out", str(out), ranks=ranks)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        # (2 ranks read as many streams: a setting other than the run's, named in a suffix of the files)
+        files = sorted(out.glob("validation_classification_*.json"))
+        assert len(files) == 2, files
+        got = {r.protocol["name"]: r for f in files for r in read_results(f)}
+        assert (got["full"].correct, got["memoryless"].correct) == (full["correct"], bare["correct"])
+        assert got["full"].macro_f1 == full["macro_f1"] and "macro-F1" in proc.stdout
+        if ranks == 1:
+            (run / "export").rename(run / "export.aside")
 
 
 @pytest.mark.parametrize("extra,says", [
