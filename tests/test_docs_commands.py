@@ -3,7 +3,7 @@
 Commands are taken from fenced and indented code blocks and from inline `code` in the prose. Each one:
 
 - names a file (script, config, DeepSpeed JSON) that exists;
-- a training command (`launch/finetune.py` / `launch/pretrain.py`, under python, deepspeed,
+- a training command (`launch/finetune.py` / `launch/pretrain.py` / `launch/classify.py`, under python, deepspeed,
   torchrun) goes through the entry point's own parser and the run configuration's
   validation: every option and dotted override in the docs must be accepted;
 - any other Python command (launch/, benchmarks/, `python -m ...`) goes through its own
@@ -215,10 +215,10 @@ def test_documented_command_works(doc, command, tmp_path):
 
             parse([*QUICKSTART_BASE, *args], "docs", [])
         return
-    if target in ("launch/finetune.py", "launch/pretrain.py"):
+    if target in ("launch/finetune.py", "launch/pretrain.py", "launch/classify.py"):
         from memoria_ds.train.cli import parse
 
-        defaults = _pretrain_defaults() if target.endswith("pretrain.py") else []
+        defaults = [] if target.endswith("finetune.py") else _entry_defaults(target)
         parse(args, "docs", defaults)  # every option and dotted override is accepted and valid
         return
     proc = subprocess.run([python, "-c", SHIM, kind, target, *args], cwd=ROOT, capture_output=True,
@@ -226,7 +226,8 @@ def test_documented_command_works(doc, command, tmp_path):
     assert proc.returncode == 0, f"{doc}: `{command}` is refused by its parser:\n{proc.stderr[-2000:]}"
 
 
-def _pretrain_defaults() -> list[str]:
-    source = (ROOT / "launch" / "pretrain.py").read_text()
+def _entry_defaults(target: str) -> list[str]:
+    """The `base_overrides` an entry point (launch/pretrain.py, launch/classify.py) passes to the CLI."""
+    source = (ROOT / target).read_text()
     match = re.search(r"base_overrides=\[(.*?)\]", source, re.S)
     return re.findall(r'"([^"]+)"', match.group(1)) if match else []

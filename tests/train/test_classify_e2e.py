@@ -59,6 +59,9 @@ def test_the_export_loads_as_a_sequence_classifier_and_scores_as_the_run(tmp_pat
     check(_run(run, tmp_path, "checkpoint.export=true", "optim.max_steps=4"))
     model = AutoModelForSequenceClassification.from_pretrained(run / "export").eval()
     assert model.config.id2label == {0: "alpha", 1: "beta", 2: "gamma"}
+    card = (run / "export" / "README.md").read_text()
+    assert "AutoModelForSequenceClassification.from_pretrained" in card and "macro-F1" in card
+    assert "BERT classifier" in card and "AutoModelForCausalLM" not in card
     docs = load_labelled_documents(files={"validation": [str(tmp_path / "docs" / "validation.jsonl")]},
                                    tokenizer=str(run / "export"), splits=("validation",))["validation"]
     ours = evaluate_classification(model, docs, segment_length=12, max_segments=4, batch_size=2, split="validation",
