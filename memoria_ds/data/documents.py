@@ -134,7 +134,7 @@ class DocumentStreams(ExampleStreams):
         self._epoch, self._step = 0, 0
         self._cache = None
 
-    def _rows(self, epoch: int, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # type: ignore[override]
+    def _rows(self, epoch: int, batch: int) -> tuple[np.ndarray, ...]:  # type: ignore[override]
         """(B_local, K, L) inputs and attention mask, (B_local,) labels and segments filled (0: a padding row)."""
         if self._cache is not None and self._cache[0] == (epoch, batch):
             return self._cache[1]
@@ -191,7 +191,8 @@ class DocumentStreams(ExampleStreams):
     def state_dict(self) -> dict[str, Any]:
         """Position and layout (JSON-serialisable)."""
         state = super().state_dict()
-        state.update(format=_STATE_FORMAT, dataset_fingerprint=self.fingerprint, max_segments=self.max_segments, cls_id=self.cls_id, sep_id=self.sep_id)
+        state.update(format=_STATE_FORMAT, dataset_fingerprint=self.fingerprint, max_segments=self.max_segments,
+                     cls_id=self.cls_id, sep_id=self.sep_id)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

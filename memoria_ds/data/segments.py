@@ -59,7 +59,7 @@ def forward_segment(model: Any, batch: StreamBatch, memory: Any, reset: torch.Te
     the batch's (a prompt's padding); streams pad only at their very end, where nothing
     follows, so they do without.
     """
-    if batch.labels is not None:  # a classifier (`DocumentStreams`): `labels` are the rows' document labels
+    if getattr(batch, "labels", None) is not None:  # a classifier (`DocumentStreams`): `labels` are document labels
         return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=labels, memory=memory,
                      reset=reset)
     mask = {"attention_mask": batch.attention_mask} if attention_mask else {}

@@ -12,7 +12,8 @@ from ..eval.gain import memory_gain
 from ..model.remote_code import remote_files
 
 
-_NAMES = {"gpt2": "GPT-2", "bert": "BERT", "roberta": "RoBERTa", "memory_mosaic": "Memory Mosaic", "memsizer": "MemSizer"}
+_NAMES = {"gpt2": "GPT-2", "bert": "BERT", "roberta": "RoBERTa", "memory_mosaic": "Memory Mosaic",
+          "memsizer": "MemSizer"}
 
 
 def model_card(cfg: Any, step: int, results: list[Any], model_config: Any, lora_merged: bool | None,
@@ -85,7 +86,8 @@ def model_card(cfg: Any, step: int, results: list[Any], model_config: Any, lora_
         lines += ["Not evaluated at the end of training (`eval.at_end=false`); "
                   "`python launch/evaluate.py DIR` scores it.", ""]
     else:
-        lines += [f"| split | protocol | metric | scored {'documents' if classifier else 'tokens'} |", "|---|---|---|---|"]
+        lines += [f"| split | protocol | metric | scored {'documents' if classifier else 'tokens'} |",
+                  "|---|---|---|---|"]
         for r in results:
             metric = (f"accuracy {r.accuracy:.4f}, macro-F1 {r.macro_f1:.4f}" if r.macro_f1 is not None else
                       f"accuracy {r.accuracy:.4f}" if r.accuracy is not None else
