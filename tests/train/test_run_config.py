@@ -14,7 +14,7 @@ from memoria_ds.train.parse import ConfigError, load
         (["model.settings.memoria={stm_capacity: 10}"], r"`model.settings.memoria.stm_capacity`.*at least.*num_stm_reminded"),
         (["model.settings.memoria={num_wn: 4}"], r"`model.settings.memoria.num_wn` is an unknown Memoria setting; known: "),
         (["data.corpus=/data/my.txt"], r"unknown `data.corpus` '/data/my.txt'.*data.corpus=files"),
-        (["data.corpus=wikitext"], r"choose from \['bundled', 'enwik8', 'pg19', 'wikitext103', 'files', 'sorting'\]"),
+        (["data.corpus=wikitext"], r"choose from \['bundled', 'enwik8', 'pg19', 'wikitext103', 'documents', 'files', 'sorting'\]"),
         (["data.corpus=files"], r"needs `data.files`"),
         (["model.settings.n_layers=1"], r"unknown `model.settings` key\(s\) 'n_layers' \(did you mean 'n_layer'\?\)"),
         (["model.settings={n_embd: 30, n_head: 4}"], r"`model.settings.n_head` \(4\) must divide `n_embd` \(30\)"),
