@@ -98,3 +98,20 @@ def test_compiling_does_not_change_what_a_checkpoint_resumes_into():
     eager, compiled = load(RunConfig, None, []), load(RunConfig, None, ["model.compile=reduce-overhead"])
     assert fingerprint(compiled) == fingerprint(eager)
     assert fingerprint(load(RunConfig, None, ["model.preset=xl"]))["model"] != fingerprint(eager)["model"]
+
+
+def test_the_default_run_keeps_the_fingerprint_its_checkpoints_were_saved_with():
+    """A field added to the model or data sections must leave existing checkpoints resumable: the
+    default configuration's hashes are those of the code before `model.task`, `data.label_field`
+    and `data.max_segments` existed (commit 138ee56). A new field that changes them needs the same
+    care (`checkpoints/resume.py: fingerprint`)."""
+    from memoria_ds.train.checkpoints.resume import fingerprint
+
+    assert fingerprint(RunConfig()) == {"model": "034179feb6d58d10", "data": "e2e9ee3c7a2b38b4"}
+    classify = load(RunConfig, None, ["model.task=classification", "model.backbone=bert", "model.from_scratch=true",
+                                      "data.corpus=documents", "data.files={train: [a.jsonl], validation: [b.jsonl]}",
+                                      "model.settings={max_position_embeddings: 514}"])
+    other = load(RunConfig, None, ["model.task=classification", "model.backbone=bert", "model.from_scratch=true",
+                                   "data.corpus=documents", "data.files={train: [a.jsonl], validation: [b.jsonl]}",
+                                   "model.settings={max_position_embeddings: 514}", "data.max_segments=4"])
+    assert fingerprint(classify)["data"] != fingerprint(other)["data"]  # where it acts, it counts

@@ -39,6 +39,13 @@ def fingerprint(cfg: RunConfig) -> dict[str, str]:
     # (and checkpoints made before the field existed keep their hash)
     model = {k: v for k, v in to_dict(cfg.model).items() if k != "compile"} | {"lora": to_dict(cfg.lora)}
     data = {k: v for k, v in to_dict(cfg.data).items() if k not in ("num_proc", "reset")}
+    # the classification task's fields count only where they act, so that a language model's
+    # checkpoints made before they existed keep their hashes
+    if model.get("task") == "lm":
+        del model["task"]
+    if data.get("corpus") != "documents":
+        data.pop("label_field", None)
+        data.pop("max_segments", None)
     data["train_batch_size"] = None  # checked by the stream state itself, with a clearer message
     return {
         "model": hashlib.sha256(json.dumps(model, sort_keys=True).encode()).hexdigest()[:16],
