@@ -198,6 +198,7 @@ def build_run_encoder(cfg: RunConfig, vocab_size: int | None, label_names: list[
         extra = {"vocab_size": vocab_size} if vocab_size is not None and "vocab_size" not in settings else {}
         model = build_encoder_model(shape(**extra), m.preset, attn_implementation=m.attn_implementation, **settings)
     else:
+        _check_zero3_head(m.backbone, len(label_names))
         model = build_encoder_model(m.backbone, m.preset, dtype=torch.float32,
                                     attn_implementation=m.attn_implementation, **settings)
     if vocab_size is not None and model.config.vocab_size < vocab_size:
@@ -210,7 +211,22 @@ def build_run_encoder(cfg: RunConfig, vocab_size: int | None, label_names: list[
     lora = cfg.lora
     gpt2_default = lora.target_modules == LoraSection().target_modules
     targets = {} if gpt2_default else {"target_modules": lora.target_modules}
-    return apply_encoder_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, **targets)
+    return adapters_in_model_dtype(apply_encoder_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
+                                                      **targets))
+
+
+def _check_zero3_head(backbone: str, classes: int) -> None:
+    """Under ZeRO-3, HF's loader cannot draw a new head over a checkpoint's head of another size (it
+    refuses the shapes); say what to do instead of its error."""
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    saved = AutoConfig.from_pretrained(backbone)
+    head = any(a.endswith("ForSequenceClassification") for a in (saved.architectures or []))
+    if is_deepspeed_zero3_enabled() and head and classes and saved.num_labels != classes:
+        raise ConfigError(f"model.backbone {backbone!r} is a classifier of {saved.num_labels} classes and the documents "
+                          f"have {classes}: under ZeRO-3 its head cannot be replaced while loading. Use ZeRO-1/2 "
+                          f"(ds_configs/zero2.json), or save its encoder alone (model.bert / model.roberta "
+                          f".save_pretrained) and start from that")
 
 
 def run_model_config(cfg: RunConfig, vocab_size: int | None = None) -> MemoriaGPT2Config:
@@ -253,6 +269,11 @@ def apply_lora_section(model: nn.Module, lora: LoraSection) -> nn.Module:
     if not lora.enabled:
         return model
     model = apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
+    return adapters_in_model_dtype(model)
+
+
+def adapters_in_model_dtype(model: nn.Module) -> nn.Module:
+    """The LoRA adapters in the dtype of every other parameter (see `apply_lora_section`)."""
     dtypes = {p.dtype for n, p in model.named_parameters() if ".lora_" not in n}
     if len(dtypes) == 1:
         dtype = dtypes.pop()

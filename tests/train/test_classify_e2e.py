@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from memoria_ds.train.faults import EXIT_CODE
 
@@ -97,3 +98,29 @@ def test_a_bad_classification_setting_is_one_line_and_exit_2(tmp_path, extra, sa
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert says in proc.stderr, proc.stderr[-3000:]
     assert not (run / "checkpoints").exists()
+
+
+def test_bf16_zero3_with_lora_on_a_pretrained_encoder_trains_and_exports(tmp_path):
+    """A saved (pretrained) tiny BERT encoder, LoRA on its backbone, bf16 under ZeRO-3 on 2 ranks: the run
+    trains (finite losses), checkpoints, and its merged export loads as a sequence classifier."""
+    from transformers import AutoModelForSequenceClassification, BertConfig, BertModel
+
+    import memoria_ds.model.encoder  # noqa: F401  (registers the Auto classes)
+
+    classify_args(tmp_path)
+    backbone = tmp_path / "bert"
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=68, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=32)).save_pretrained(backbone)
+    args = [a for a in run_args(tmp_path) if not a.startswith(("model.backbone", "model.from_scratch", "model.settings"))]
+    run = tmp_path / "run"
+    check(run_training(run, *args, f"model.backbone={backbone}", "model.from_scratch=false",
+                       "model.settings={memory_layer_index: 0, memoria: {num_wm: 4, num_stm_reminded: 4, "
+                       "num_ltm_reminded: 4, stm_capacity: 16, search_depth: 2}}",
+                       f"deepspeed={ROOT / 'ds_configs' / 'cpu_zero3.json'}", "optim.precision=bf16", "lora.enabled=true",
+                       "lora.r=4", "optim.max_steps=4", "checkpoint.every=4", "checkpoint.export=true",
+                       "checkpoint.merge_lora=true", ranks=2, tiny=False))
+    losses = losses_by_step(run)
+    assert sorted(losses) == [1, 2, 3, 4] and all(v == v for v in losses.values())
+    model = AutoModelForSequenceClassification.from_pretrained(run / "export")
+    assert model.config.id2label == {0: "alpha", 1: "beta", 2: "gamma"} and not hasattr(model, "peft_config")

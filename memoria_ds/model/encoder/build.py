@@ -26,7 +26,8 @@ def build_encoder_model(
         backbone: a hub name (`"bert-base-uncased"`, `"roberta-base"`) or a local directory of a BERT or
             RoBERTa checkpoint (a bare encoder, a masked LM or a sequence classifier): its weights are
             loaded by name, the memory modules initialised (an exact no-op with the default
-            `memory_init="noop"`) and a head the checkpoint lacks drawn as HF draws it. A directory
+            `memory_init="noop"`) and a head the checkpoint lacks, or has for another number of
+            classes, drawn as HF draws it. A directory
             saved from this class loads as it was (settings override its config). A `BertConfig` /
             `RobertaConfig`: a from-scratch model with random weights.
         preset: a name of `ENCODER_PRESETS` (`"memoria"`, `"memoria_authors"`, `"memoria_wm"`,
@@ -48,9 +49,13 @@ def build_encoder_model(
         # from_config, not the constructor: under ZeRO-3 (an `HfDeepSpeedConfig` alive) HF partitions
         # the weights while building and initialises them gathered
         return AutoModelForSequenceClassification.from_config(config, dtype=dtype)
-    config = encoder_config(AutoConfig.from_pretrained(backbone), preset, **settings)
+    saved = AutoConfig.from_pretrained(backbone)
+    config = encoder_config(saved, preset, **settings)
+    # a classifier checkpoint with another number of classes: its head is drawn afresh (HF's fine-tuning rule)
+    other_head = saved.num_labels != config.num_labels
     return MODEL_FOR_CONFIG[type(config)].from_pretrained(backbone, config=config, dtype=dtype,
-                                                          attn_implementation=attn_implementation)
+                                                          attn_implementation=attn_implementation,
+                                                          ignore_mismatched_sizes=other_head)
 
 
 __all__ = ["build_encoder_model"]
