@@ -115,3 +115,26 @@ def test_the_default_run_keeps_the_fingerprint_its_checkpoints_were_saved_with()
                                    "data.corpus=documents", "data.files={train: [a.jsonl], validation: [b.jsonl]}",
                                    "model.settings={max_position_embeddings: 514}", "data.max_segments=4"])
     assert fingerprint(classify)["data"] != fingerprint(other)["data"]  # where it acts, it counts
+
+
+CLASSIFY = ["model.task=classification", "model.backbone=bert", "model.from_scratch=true",
+            "data.corpus=documents", "data.files={train: [a.jsonl], validation: [b.jsonl]}",
+            "model.settings={max_position_embeddings: 514}"]
+
+
+@pytest.mark.parametrize("extra,says", [
+    (["data.corpus=bundled"], "set both `model.task: classification` and `data.corpus: documents`"),
+    (["model.preset=xl"], "unknown `model.preset` 'xl' for `model.task: classification`"),
+    (["optim.bptt_segments=2"], "use bptt_segments=1"),
+    (["eval.protocols=[full, memoryless_memoria]"], "a classifier is evaluated `full`"),
+    (["eval.knn_lm.enabled=true"], "set `eval.knn_lm.enabled=false`"),
+    (["model.settings={n_layer: 2}"], "unknown `model.settings` key(s) ['n_layer'] for a Memoria encoder"),
+    (["model.backbone=gpt2"], "`model.backbone` 'gpt2' with `model.from_scratch`"),
+    (["data.segment_length=600"], "needs max_position_embeddings of at least 602"),
+    (["eval.split=test"], "`eval.split` 'test' is not among the documents' splits"),
+    (["data.max_segments=0"], "`data.max_segments` (0) must be at least 1"),
+])
+def test_a_bad_classification_setting_is_refused_when_the_config_loads(extra, says):
+    with pytest.raises(ConfigError) as e:
+        load(RunConfig, None, [*CLASSIFY, *extra])
+    assert says in str(e.value), str(e.value)
