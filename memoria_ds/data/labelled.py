@@ -53,9 +53,25 @@ class LabelledDocuments:
         return len(self.dataset)
 
 
-def _label_names(splits: dict[str, datasets.Dataset], field: str) -> tuple[list[str], Any]:
-    """(names, value -> index) of the labels of every split."""
+def _label_names(splits: dict[str, datasets.Dataset], field: str,
+                 known: list[str] | None = None) -> tuple[list[str], Any]:
+    """(names, value -> index) of the labels of every split; with `known` (a trained model's classes),
+    names are looked up among them, so that a split without some class maps as training did."""
     first = next(iter(splits.values()))
+    if known is not None:
+        values = set()
+        for ds in splits.values():
+            values.update(ds[field])
+        if all(isinstance(v, str) for v in values):
+            index = {name: i for i, name in enumerate(known)}
+            unknown = sorted(values - set(index))
+            if unknown:
+                raise ValueError(f"labels {unknown[:5]} in `{field}` are not among the model's classes {known}")
+            return list(known), lambda v: index[v]
+        if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < len(known) for v in values):
+            raise ValueError(f"the labels in `{field}` must be class indices 0..{len(known) - 1} (the model's "
+                             f"{len(known)} classes) or their names")
+        return list(known), lambda v: int(v)
     feature = first.features[field]
     if isinstance(feature, datasets.ClassLabel):
         return list(feature.names), lambda v: int(v)
@@ -76,8 +92,8 @@ def _label_names(splits: dict[str, datasets.Dataset], field: str) -> tuple[list[
 
 def load_labelled_documents(*, files: dict[str, list[str]] | None = None, path: str | None = None,
                             tokenizer: str | None = None, splits: tuple[str, ...] = ("train",),
-                            text_field: str = "text", label_field: str = "label",
-                            num_proc: int | None = None) -> dict[str, LabelledDocuments]:
+                            text_field: str = "text", label_field: str = "label", num_proc: int | None = None,
+                            label_names: list[str] | None = None) -> dict[str, LabelledDocuments]:
     """Tokenized labelled documents of `splits`.
 
     Args:
@@ -86,6 +102,7 @@ def load_labelled_documents(*, files: dict[str, list[str]] | None = None, path: 
         tokenizer: a tokenizer name or directory (the backbone's, BERT's or RoBERTa's); None: GPT-2's
             (shipped, for from-scratch models).
         splits: the splits to load (each must exist).
+        label_names: a trained model's classes (index -> name) to map the labels by; None: from the data.
 
     Raises:
         ValueError: a missing split or column, labels that are neither indices nor names.
@@ -109,7 +126,7 @@ def load_labelled_documents(*, files: dict[str, list[str]] | None = None, path: 
         if lacking:
             raise ValueError(f"split {split!r} has no column {lacking[0]!r} (it has {ds.column_names}); set "
                              f"data.text_field / data.label_field")
-    names, to_index = _label_names(chosen, label_field)
+    names, to_index = _label_names(chosen, label_field, label_names)
     tok = gpt2_tokenizer_offline() if tokenizer is None else load_tokenizer(tokenizer)
 
     def encode(batch: dict[str, list]) -> dict[str, list]:

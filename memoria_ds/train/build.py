@@ -31,8 +31,10 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "fp32"
 
 
-def load_corpora(data: DataSection, splits: tuple[str, ...], rank: int) -> dict[str, TokenCorpus]:
-    """Tokenized splits. Rank 0 prepares (and caches) them first; the others then read the cache."""
+def load_corpora(data: DataSection, splits: tuple[str, ...], rank: int,
+                 label_names: list[str] | None = None) -> dict[str, TokenCorpus]:
+    """Tokenized splits. Rank 0 prepares (and caches) them first; the others then read the cache.
+    `label_names`: a trained classifier's classes, to map labelled documents by (`data.corpus: documents`)."""
     kwargs: dict[str, Any] = dict(data.loader)
     if data.path is not None:
         kwargs["path"] = data.path
@@ -51,7 +53,8 @@ def load_corpora(data: DataSection, splits: tuple[str, ...], rank: int) -> dict[
             try:
                 return load_labelled_documents(files=data.files or None, path=data.path, tokenizer=data.tokenizer,
                                                splits=splits, text_field=data.text_field,
-                                               label_field=data.label_field, num_proc=data.num_proc)
+                                               label_field=data.label_field, num_proc=data.num_proc,
+                                               label_names=label_names)
             except ValueError as e:  # a missing split, column or unreadable labels: the data's fault
                 raise ConfigError(f"data.corpus=documents: {e}") from None
         if data.corpus == "files":
@@ -223,8 +226,8 @@ def _check_zero3_head(backbone: str, classes: int) -> None:
     saved = AutoConfig.from_pretrained(backbone)
     head = any(a.endswith("ForSequenceClassification") for a in (saved.architectures or []))
     if is_deepspeed_zero3_enabled() and head and classes and saved.num_labels != classes:
-        raise ConfigError(f"model.backbone {backbone!r} is a classifier of {saved.num_labels} classes and the documents "
-                          f"have {classes}: under ZeRO-3 its head cannot be replaced while loading. Use ZeRO-1/2 "
+        raise ConfigError(f"model.backbone {backbone!r} is a classifier of {saved.num_labels} classes and the "
+                          f"documents have {classes}: under ZeRO-3 its head cannot be replaced while loading. Use ZeRO-1/2 "
                           f"(ds_configs/zero2.json), or save its encoder alone (model.bert / model.roberta "
                           f".save_pretrained) and start from that")
 

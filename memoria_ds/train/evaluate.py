@@ -245,6 +245,11 @@ def run(cfg: RunConfig, source: str, out: Path, info, memory: Path | None = None
         print(f"model: no export in the run; scoring its newest checkpoint, {source}, its weights consolidated in "
               f"memory (nothing written but the results)", flush=True)
     model = load_model(source, info.device, cfg.optim.precision, verified=True)  # resolve_model hashed it
+    if cfg.data.corpus == "documents":  # the labels as the model's classes number them, not as this split would
+        id2label = model.config.id2label
+        classes = [id2label[i] for i in range(len(id2label))]
+        if classes != corpus.label_names:
+            corpus = load_corpora(cfg.data, (cfg.eval.split,), info.rank, label_names=classes)[cfg.eval.split]
     if cfg.model.compile is not None:  # as training compiles it: in place, one graph per shape
         model.compile(mode=cfg.model.compile, dynamic=False)
         if info.is_main:

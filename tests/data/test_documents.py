@@ -100,3 +100,17 @@ def test_bad_documents_are_refused():
     bad = datasets.Dataset.from_dict({"input_ids": [[1, 2]], "label": [-1]})
     with pytest.raises(ValueError, match="class index"):
         DocumentStreams(bad, batch_size=1, segment_length=4, max_segments=1).batch_at(0, 0)
+
+
+def test_labels_map_to_a_trained_models_classes_when_a_split_lacks_one(tmp_path):
+    from memoria_ds.data.labelled import load_labelled_documents
+
+    path = tmp_path / "dev.jsonl"
+    path.write_text('{"text": "a b", "label": "gamma"}\n{"text": "c", "label": "alpha"}\n')
+    alone = load_labelled_documents(files={"validation": [str(path)]}, splits=("validation",))["validation"]
+    assert alone.label_names == ["alpha", "gamma"] and alone.dataset["label"] == [1, 0]
+    trained = load_labelled_documents(files={"validation": [str(path)]}, splits=("validation",),
+                                      label_names=["alpha", "beta", "gamma"])["validation"]
+    assert trained.label_names == ["alpha", "beta", "gamma"] and trained.dataset["label"] == [2, 0]
+    with pytest.raises(ValueError, match="not among the model's classes"):
+        load_labelled_documents(files={"validation": [str(path)]}, splits=("validation",), label_names=["alpha"])
