@@ -221,11 +221,11 @@ def build_run_encoder(cfg: RunConfig, vocab_size: int | None, label_names: list[
 def _check_zero3_head(backbone: str, classes: int) -> None:
     """Under ZeRO-3, HF's loader cannot draw a new head over a checkpoint's head of another size (it
     refuses the shapes); say what to do instead of its error."""
-    from transformers.integrations import is_deepspeed_zero3_enabled
+    from .engine import building_under_zero3
 
     saved = AutoConfig.from_pretrained(backbone)
     head = any(a.endswith("ForSequenceClassification") for a in (saved.architectures or []))
-    if is_deepspeed_zero3_enabled() and head and classes and saved.num_labels != classes:
+    if building_under_zero3() and head and classes and saved.num_labels != classes:
         raise ConfigError(f"model.backbone {backbone!r} is a classifier of {saved.num_labels} classes and the "
                           f"documents have {classes}: under ZeRO-3 its head cannot be replaced while loading. Use ZeRO-1/2 "
                           f"(ds_configs/zero2.json), or save its encoder alone (model.bert / model.roberta "

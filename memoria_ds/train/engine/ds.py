@@ -55,6 +55,13 @@ def zero3_construction(ds_config: dict[str, Any] | None) -> Iterator[None]:
         unset_hf_deepspeed_config()
 
 
+def building_under_zero3() -> bool:
+    """Whether a model built now is built into ZeRO-3 partitions (inside `zero3_construction`)."""
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    return is_deepspeed_zero3_enabled()
+
+
 def versions() -> dict[str, str]:
     """The versions a checkpoint records."""
     import transformers
