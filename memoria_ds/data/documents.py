@@ -100,39 +100,21 @@ class DocumentStreams(ExampleStreams):
         cls_id: int | None = None,
         sep_id: int | None = None,
     ) -> None:
-        if batch_size < 1 or segment_length < 1 or max_segments < 1:
-            raise ValueError(f"`batch_size` ({batch_size}), `segment_length` ({segment_length}) and `max_segments` "
-                             f"({max_segments}) must be >= 1")
-        if batch_size % world_size or not 0 <= rank < world_size:
-            raise ValueError(f"`batch_size` (B_global = {batch_size}) must be a multiple of the world size "
-                             f"({world_size}) and rank {rank} in range: each rank owns B_global / world_size rows")
-        if len(dataset) == 0:
-            raise ValueError("the dataset is empty")
+        if max_segments < 1:
+            raise ValueError(f"`max_segments` ({max_segments}) must be >= 1")
         missing = {"input_ids", "label"} - set(dataset.column_names)
         if missing:
             raise ValueError(f"documents need the columns input_ids and label; missing {sorted(missing)}")
+        self._set_layout(dataset, batch_size, segment_length, rank, world_size, shuffle, seed, drop_last, pad_id)
         document_segments([], segment_length, max_segments, cls_id, sep_id)  # room for text in a segment
-        self.dataset = dataset
-        self.batch_size, self.segment_length, self.max_segments = batch_size, segment_length, max_segments
-        self.rank, self.world_size = rank, world_size
-        self.shuffle, self.seed, self.drop_last, self.pad_id = shuffle, seed, drop_last, pad_id
-        self.cls_id, self.sep_id = cls_id, sep_id
-        per = batch_size // world_size
-        self.stream_ids = range(rank * per, (rank + 1) * per)
+        self.max_segments, self.cls_id, self.sep_id = max_segments, cls_id, sep_id
         self.segments_per_example = max_segments
         self.example_length = max_segments * segment_length
         self.scored_segments = frozenset(range(max_segments))
         body = segment_length - (cls_id is not None) - (sep_id is not None)
         lengths = np.fromiter((len(x) for x in dataset["input_ids"]), dtype=np.int64, count=len(dataset))
-        self.fingerprint = _content_fingerprint(dataset)
         self.truncated = int((lengths > max_segments * body).sum())
-        n = len(dataset)
-        self.num_batches = n // batch_size if drop_last else math.ceil(n / batch_size)
-        if self.num_batches == 0:
-            raise ValueError(f"{n} documents make no full batch of {batch_size}; use drop_last=False or a smaller "
-                             f"batch")
-        self._epoch, self._step = 0, 0
-        self._cache = None
+        self.fingerprint = _content_fingerprint(dataset)
 
     def _rows(self, epoch: int, batch: int) -> tuple[np.ndarray, ...]:  # type: ignore[override]
         """(B_local, K, L) inputs and attention mask, (B_local,) labels and segments filled (0: a padding row)."""

@@ -71,22 +71,8 @@ class ExampleStreams(EpochCursor):
         pad_id: int = 0,
         transform: Transform | None = None,
     ) -> None:
-        if batch_size < 1 or segment_length < 1:
-            raise ValueError(f"`batch_size` ({batch_size}) and `segment_length` ({segment_length}) must be >= 1")
-        if batch_size % world_size or not 0 <= rank < world_size:
-            raise ValueError(
-                f"`batch_size` (B_global = {batch_size}) must be a multiple of the world size ({world_size}) "
-                f"and rank {rank} in range: each rank owns B_global / world_size rows"
-            )
-        if len(dataset) == 0:
-            raise ValueError("the dataset is empty")
-        self.dataset = dataset
+        self._set_layout(dataset, batch_size, segment_length, rank, world_size, shuffle, seed, drop_last, pad_id)
         self.transform = transform or (_sorting_transform if "symbols" in dataset.column_names else _aligned_transform)
-        self.batch_size, self.segment_length = batch_size, segment_length
-        self.rank, self.world_size = rank, world_size
-        self.shuffle, self.seed, self.drop_last, self.pad_id = shuffle, seed, drop_last, pad_id
-        per = batch_size // world_size
-        self.stream_ids = range(rank * per, (rank + 1) * per)
         first_inputs, first_targets = self.transform(dataset[0])
         self.example_length = len(first_inputs)
         self.segments_per_example = math.ceil(self.example_length / segment_length)
@@ -95,12 +81,36 @@ class ExampleStreams(EpochCursor):
         # training loop runs the other segments forward only, to write the memory.
         scored = np.flatnonzero(np.asarray(first_targets) != IGNORE_INDEX) // segment_length
         self.scored_segments = frozenset(int(k) for k in np.unique(scored))
+
+    def _set_layout(self, dataset: datasets.Dataset, batch_size: int, segment_length: int, rank: int,
+                    world_size: int, shuffle: bool, seed: int, drop_last: bool, pad_id: int) -> None:
+        """Check and keep what every kind of example stream shares: the batch over ranks, this rank's
+        rows (`stream_ids`), the order's seed, the number of batches, the cursor at the start.
+
+        Raises:
+            ValueError: a batch that does not split over the ranks, an empty dataset, no full batch.
+        """
+        if batch_size < 1 or segment_length < 1:
+            raise ValueError(f"`batch_size` ({batch_size}) and `segment_length` ({segment_length}) must be >= 1")
+        if batch_size % world_size or not 0 <= rank < world_size:
+            raise ValueError(
+                f"`batch_size` (B_global = {batch_size}) must be a multiple of the world size ({world_size}) "
+                f"and rank {rank} in range: each rank owns B_global / world_size rows"
+            )
         n = len(dataset)
+        if n == 0:
+            raise ValueError("the dataset is empty")
+        self.dataset = dataset
+        self.batch_size, self.segment_length = batch_size, segment_length
+        self.rank, self.world_size = rank, world_size
+        self.shuffle, self.seed, self.drop_last, self.pad_id = shuffle, seed, drop_last, pad_id
+        per = batch_size // world_size
+        self.stream_ids = range(rank * per, (rank + 1) * per)
         self.num_batches = n // batch_size if drop_last else math.ceil(n / batch_size)
         if self.num_batches == 0:
             raise ValueError(f"{n} examples make no full batch of {batch_size}; use drop_last=False or a smaller batch")
         self._epoch, self._step = 0, 0
-        self._cache: tuple[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+        self._cache: tuple[tuple[int, int], tuple[np.ndarray, ...]] | None = None
 
     @property
     def steps_per_epoch(self) -> int:

@@ -57,37 +57,29 @@ def _label_names(splits: dict[str, datasets.Dataset], field: str,
                  known: list[str] | None = None) -> tuple[list[str], Any]:
     """(names, value -> index) of the labels of every split; with `known` (a trained model's classes),
     names are looked up among them, so that a split without some class maps as training did."""
-    first = next(iter(splits.values()))
-    if known is not None:
-        values = set()
-        for ds in splits.values():
-            values.update(ds[field])
-        if all(isinstance(v, str) for v in values):
-            index = {name: i for i, name in enumerate(known)}
-            unknown = sorted(values - set(index))
-            if unknown:
-                raise ValueError(f"labels {unknown[:5]} in `{field}` are not among the model's classes {known}")
-            return list(known), lambda v: index[v]
-        if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < len(known) for v in values):
-            raise ValueError(f"the labels in `{field}` must be class indices 0..{len(known) - 1} (the model's "
-                             f"{len(known)} classes) or their names")
-        return list(known), lambda v: int(v)
-    feature = first.features[field]
-    if isinstance(feature, datasets.ClassLabel):
-        return list(feature.names), lambda v: int(v)
+    feature = next(iter(splits.values())).features[field]
+    if known is None and isinstance(feature, datasets.ClassLabel):
+        return list(feature.names), int
     values = set()
     for ds in splits.values():
         values.update(ds[field])
-    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
-        if min(values) < 0:
-            raise ValueError(f"label {min(values)} in `{field}`: class indices start at 0")
-        return [str(i) for i in range(max(values) + 1)], lambda v: int(v)
+    if not values:
+        raise ValueError(f"the splits {sorted(splits)} hold no document")
     if all(isinstance(v, str) for v in values):
-        names = sorted(values)
+        names = list(known) if known is not None else sorted(values)
         index = {name: i for i, name in enumerate(names)}
-        return names, lambda v: index[v]
-    kinds = sorted({type(v).__name__ for v in values})
-    raise ValueError(f"the labels in `{field}` are {kinds}: give class indices (int) or class names (str)")
+        unknown = sorted(values - set(index))
+        if unknown:
+            raise ValueError(f"labels {unknown[:5]} in `{field}` are not among the model's classes {names}")
+        return names, index.__getitem__
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+        kinds = sorted({type(v).__name__ for v in values})
+        raise ValueError(f"the labels in `{field}` are {kinds}: give class indices (int) or class names (str)")
+    count = len(known) if known is not None else max(values) + 1
+    if min(values) < 0 or max(values) >= count:
+        raise ValueError(f"the labels in `{field}` must be class indices 0..{count - 1}"
+                         + (f" (the model's {count} classes)" if known is not None else ""))
+    return (list(known) if known is not None else [str(i) for i in range(count)]), int
 
 
 def load_labelled_documents(*, files: dict[str, list[str]] | None = None, path: str | None = None,

@@ -69,9 +69,7 @@ def evaluate_classification(
         `EvalResult`: `accuracy`, `macro_f1`, `correct`, the NLL of the labels; `scored_tokens`
         counts documents.
     """
-    d_rank, d_world = dist_coordinates()
-    rank = d_rank if rank is None else rank
-    world_size = d_world if world_size is None else world_size
+    rank, world_size = dist_coordinates(rank, world_size)
     streams = DocumentStreams(documents.dataset, batch_size=batch_size, segment_length=segment_length,
                               max_segments=max_segments, rank=rank, world_size=world_size, pad_id=documents.pad_id,
                               cls_id=documents.cls_id, sep_id=documents.sep_id)
@@ -89,8 +87,8 @@ def evaluate_classification(
             scored = batch.last & (batch.labels >= 0)  # (B,) the rows whose document ends here
             labels = batch.labels.clamp(min=0)
             nll = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
-            cell = labels * k + logits.argmax(-1)
-            confusion += torch.bincount(cell[scored], minlength=k * k).double()
+            cell = labels * k + logits.argmax(-1)  # (B,) the confusion cell of each row; only scored rows count
+            confusion.index_add_(0, cell, scored.double())  # no boolean indexing: no host sync per segment
             sums += torch.stack([(nll * scored).double().sum(), batch.attention_mask.sum().double()])
     confusion, sums = all_reduce_sums(confusion), all_reduce_sums(sums)
     matrix = confusion.view(k, k)

@@ -84,9 +84,7 @@ def evaluate_lm(
         ValueError: `num_streams` not a multiple of the world size (and not 1), or a
             token outside the model's vocabulary.
     """
-    d_rank, d_world = dist_coordinates()
-    rank = d_rank if rank is None else rank
-    world_size = d_world if world_size is None else world_size
+    rank, world_size = dist_coordinates(rank, world_size)
     parts = tuple(getattr(getattr(model, "config", None), "memory_kinds", ()))  # `MemoriaGPT2Config.memory_kinds`
     if protocol.forget is not None and (len(parts) < 2 or protocol.forget not in parts):
         raise ValueError(f"protocol {protocol.name!r} forgets the part {protocol.forget!r} of a composite memory; "

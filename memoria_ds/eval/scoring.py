@@ -79,11 +79,10 @@ def evaluating(model: Any) -> Iterator[None]:
             model.train()
 
 
-def dist_coordinates() -> tuple[int, int]:
-    """(rank, world size) of the default process group, (0, 1) without one."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+def dist_coordinates(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """(rank, world size) of the default process group, (0, 1) without one; a value given wins."""
+    found = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    return (found[0] if rank is None else rank, found[1] if world_size is None else world_size)
 
 
 def model_device(model: Any) -> torch.device:

@@ -59,9 +59,7 @@ def evaluate_sorting(
     Returns:
         `EvalResult` with `accuracy`, `correct`, and the NLL of the answer symbols.
     """
-    d_rank, d_world = dist_coordinates()
-    rank = d_rank if rank is None else rank
-    world_size = d_world if world_size is None else world_size
+    rank, world_size = dist_coordinates(rank, world_size)
     streams = ExampleStreams(dataset, batch_size=batch_size, segment_length=segment_length,
                              rank=rank, world_size=world_size)
     device = torch.device(device) if device is not None else model_device(model)

@@ -197,9 +197,8 @@ def build_run_encoder(cfg: RunConfig, vocab_size: int | None, label_names: list[
         settings["id2label"] = dict(enumerate(label_names))
         settings["label2id"] = {name: i for i, name in enumerate(label_names)}
     if m.from_scratch:
-        shape = BertConfig if m.backbone == "bert" else RobertaConfig
-        extra = {"vocab_size": vocab_size} if vocab_size is not None and "vocab_size" not in settings else {}
-        model = build_encoder_model(shape(**extra), m.preset, attn_implementation=m.attn_implementation, **settings)
+        model = build_encoder_model(_encoder_source(m, vocab_size), m.preset,
+                                    attn_implementation=m.attn_implementation, **settings)
     else:
         _check_zero3_head(m.backbone, len(label_names))
         model = build_encoder_model(m.backbone, m.preset, dtype=torch.float32,
@@ -216,6 +215,15 @@ def build_run_encoder(cfg: RunConfig, vocab_size: int | None, label_names: list[
     targets = {} if gpt2_default else {"target_modules": lora.target_modules}
     return adapters_in_model_dtype(apply_encoder_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
                                                       **targets))
+
+
+def _encoder_source(m: ModelSection, vocab_size: int | None) -> BertConfig | RobertaConfig | str:
+    """What a classifier is built from: a from-scratch `bert` / `roberta` config with the documents'
+    vocabulary (unless `settings` names one; its other sizes come from `settings`), else the checkpoint."""
+    if not m.from_scratch:
+        return m.backbone
+    shape = BertConfig if m.backbone == "bert" else RobertaConfig
+    return shape(**({"vocab_size": vocab_size} if vocab_size is not None and "vocab_size" not in m.settings else {}))
 
 
 def _check_zero3_head(backbone: str, classes: int) -> None:
@@ -239,11 +247,7 @@ def run_model_config(cfg: RunConfig, vocab_size: int | None = None) -> MemoriaGP
     Memoria encoder's config (`model.task: classification`)."""
     m = cfg.model
     if m.task == "classification":
-        settings = dict(m.settings)
-        if m.from_scratch:
-            shape = BertConfig if m.backbone == "bert" else RobertaConfig
-            return encoder_config(shape(**({"vocab_size": vocab_size} if vocab_size else {})), m.preset, **settings)
-        return encoder_config(m.backbone, m.preset, **settings)
+        return encoder_config(_encoder_source(m, vocab_size), m.preset, **m.settings)
     backbone, settings = _model_source(cfg, vocab_size)
     return build_config(backbone, cfg.model.preset, **settings)
 

@@ -145,8 +145,7 @@ def _steps(ctx: RunContext, state: RunState, writer: MetricsWriter, window: _Win
             losses = []
             for k, (batch, reset) in enumerate(span):
                 micro = batch.rows(rows)
-                labels = getattr(micro, "labels", None)  # a classifier's (B,) document labels, else None
-                targets = micro.targets if labels is None else labels
+                targets = micro.targets if micro.labels is None else micro.labels  # a classifier's: (B,)
                 fresh = reset[rows] | state.discard[j] if k == 0 else reset[rows]
                 with torch.set_grad_enabled(update):
                     out = _forward(state.engine, micro, state.memories[j], fresh, targets if update else None,
