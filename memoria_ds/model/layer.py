@@ -13,7 +13,10 @@ is driven here through its submodules, in HF's own order and arithmetic:
                                  #   h = h + mlp(ln_2(h)); h = h + pkm(h)   "after" (pkm's own layer norm)
 
 Every parameter is still called through its own module, so ZeRO-3's per-module gather
-hooks, peft's LoRA layers and HF's weight names are untouched. `MemoryBlock` is a
+hooks, peft's LoRA layers and HF's weight names are untouched. One exception: the engrams'
+key/value projections of all blocks run as one matmul before the blocks
+(`memory_attention.engram_key_values`; not where peft wraps one; ZeRO-3 gathers weights read
+outside their module by itself). `MemoryBlock` is a
 `GradientCheckpointingLayer`: `model.gradient_checkpointing_enable()` checkpoints it, and
 since the memory step (remind before the blocks, memorize after) lies outside it, the
 recompute in backward never touches the memory. What the engrams' reads attended with and the keys/values
@@ -122,6 +125,7 @@ class MemoryBlock(GradientCheckpointingLayer):
         self,
         hidden: Tensor,
         engrams: Tensor | None,
+        engram_kv: Tensor | None,
         memory_keys: Tensor | None,
         memory_values: Tensor | None,
         *,
@@ -136,6 +140,8 @@ class MemoryBlock(GradientCheckpointingLayer):
         Args:
             hidden: (B, L, D) residual stream.
             engrams: (B, N + R, D) working memory then reminded engrams (Memoria), or None.
+            engram_kv: (2, B, H', N + R, hd') their keys and values for this block's memory attention,
+                projected for every block at once (`memory_attention.engram_key_values`), or None.
             memory_keys / memory_values: (B, H, M, hd) Transformer-XL memory of this block, or None.
             block: the HF `GPT2Block` at this index (not owned: its weights keep HF's names).
             inputs: the per-forward inputs.
@@ -185,7 +191,7 @@ class MemoryBlock(GradientCheckpointingLayer):
         if engram_weights and heads is not None:
             reminded = reminded_read(block, heads, engram_keys, inputs.memory)
         if self.memory_attention is not None:
-            hidden, reminded = self.memory_attention(hidden, engrams, inputs.memory)
+            hidden, reminded = self.memory_attention(hidden, engrams, inputs.memory, engram_kv)
         residual, pkm_stats = hidden, None
         if self.pkm_replaces_mlp:  # the paper's: the memory in place of the feed-forward network
             read, pkm_stats = self.pkm(block.ln_2(hidden), inputs.token_mask)

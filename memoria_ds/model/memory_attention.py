@@ -10,7 +10,7 @@ Notation: B rows, L query tokens, N = N_wm engrams, R reminded slots (M_rem, pad
 D model width, H heads, E = H * hd the attention's inner width.
 
 Few, large operations (issue 16): the keys and values of all N + R engrams come from one
-projection, and each use attends over all of them with a mask that leaves only its own
+projection (of every block's at once, `engram_key_values`, issue 48), and each use attends over all of them with a mask that leaves only its own
 engrams (a masked key's probability is exactly 0, so each use computes what an attention
 over its own engrams alone computes); no slices of the keys and values, so no per-slice
 backward. The masks and gates are built once per forward (`MemoryInputs`), not per block.
@@ -79,6 +79,7 @@ class EngramMasks:
         rem_keys: (B, 1, 1, N + R) -inf on the WM engrams and on padded reminded slots (a
             row with no reminded engram gets all of its R slots: finite, gated out).
         wm_gate, rem_gate, any_gate: (B, 1, 1) bool rows whose use counts.
+        zero: 0-dim 0 in `dtype`, what a gated-out row adds (one tensor for every block, not one per use).
     """
 
     num_wm: int
@@ -88,6 +89,7 @@ class EngramMasks:
     wm_gate: Tensor
     rem_gate: Tensor
     any_gate: Tensor
+    zero: Tensor
 
     @classmethod
     def build(cls, mem: MemoryInputs, num_wm: int, dtype: torch.dtype) -> EngramMasks:
@@ -101,7 +103,8 @@ class EngramMasks:
             rem_keys = torch.cat([blocked.expand(B, num_wm), torch.where(allowed, 0.0, blocked)], dim=1)
             rem_keys = rem_keys[:, None, None, :]
         wm_gate, rem_gate = mem.wm_active[:, None, None], mem.reminded_active[:, None, None]
-        return cls(num_wm, dtype, wm_keys, rem_keys, wm_gate, rem_gate, wm_gate | rem_gate)
+        return cls(num_wm, dtype, wm_keys, rem_keys, wm_gate, rem_gate, wm_gate | rem_gate,
+                   torch.zeros((), dtype=dtype, device=device))
 
 
 @dataclass
@@ -142,6 +145,36 @@ def contribution(reads: list[RemindedRead], mem: MemoryInputs) -> Tensor:
         blocked = torch.where(allowed, 0.0, float("-inf")).to(queries.dtype)[:, None, None, :]  # (B, 1, 1, R)
         probs = (torch.matmul(queries, keys.transpose(-1, -2)) * scale + blocked).float().softmax(dim=-1)
     return MemoryAttention.contribution(probs.mean(dim=0), mem.query_mask)
+
+
+def engram_key_values(attentions: list[MemoryAttention], engrams: Tensor) -> tuple[Tensor, ...] | None:
+    """The engrams' keys and values for every block's memory attention, in one projection.
+
+    Each block's `kv_proj` weights are concatenated (the blocks' own parameters: names, init and
+    checkpoints unchanged) and the engrams projected once, instead of one small matmul per block
+    and its backward (issue 48). The arithmetic is the per-block projections'; only the blocking
+    of one larger matmul may differ (at the `gpt2` shape on CPU: losses and logits bit-equal,
+    gradients within 5e-6 relative; tests/model/test_engram_projection.py).
+
+    Args:
+        attentions: the memory attentions of the blocks that have one, in block order.
+        engrams: (B, T, D) the engrams every block reads.
+
+    Returns:
+        One (2, B, H, T, hd) tensor per attention, its keys then its values; or None where an adapter
+        wraps a projection (peft): each block then projects through its own module. Under ZeRO-3,
+        DeepSpeed gathers the weights read here for the forward and the backward (its discovery of
+        parameters read outside their module, tests/model/test_zero3.py).
+    """
+    projections = [a.kv_proj for a in attentions]
+    if not projections or any(type(p) is not nn.Linear for p in projections):
+        return None
+    first = attentions[0]
+    weight = torch.cat([p.weight for p in projections])  # (Y * 2E, D)
+    bias = torch.cat([p.bias for p in projections])
+    B, T, _ = engrams.shape
+    kv = F.linear(engrams, weight, bias).view(B, T, len(projections), 2, first.num_heads, first.head_dim)
+    return kv.permute(2, 3, 0, 4, 1, 5).unbind(0)  # Y x (2, B, H, T, hd)
 
 
 class OutputProjection(nn.Linear):
@@ -229,7 +262,8 @@ class MemoryAttention(nn.Module):
         return (per_query * m[:, :, None]).sum(dim=1) / m.sum(dim=1, keepdim=True).clamp(min=1.0)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, hidden: Tensor, engrams: Tensor, mem: MemoryInputs) -> tuple[Tensor, RemindedRead | None]:
+    def forward(self, hidden: Tensor, engrams: Tensor, mem: MemoryInputs,
+                key_values: Tensor | None = None) -> tuple[Tensor, RemindedRead | None]:
         """Add the memory's contribution to the residual stream.
 
         Args:
@@ -237,6 +271,8 @@ class MemoryAttention(nn.Module):
             engrams: (B, N + R, D) the working memory (carrying the abstractor's gradient)
                 followed by the reminded engrams (constants), concatenated once per forward.
             mem: the per-forward memory inputs.
+            key_values: (2, B, H, N + R, hd) this block's projection of `engrams`, made for every
+                block at once (`engram_key_values`), or None: projected here.
 
         Returns:
             The new residual stream (B, L, D) and what the M_rem use attended with (None when
@@ -244,31 +280,36 @@ class MemoryAttention(nn.Module):
         """
         R = mem.reminded_mask.shape[1]
         masks = mem.masks_for(engrams.shape[1] - R, engrams.dtype)
-        k, v = self.kv_proj(engrams).split(self.inner_dim, dim=-1)  # (B, N + R, E) each: one projection
-        k, v = self._heads(k), self._heads(v)  # (B, H, N + R, hd)
+        if key_values is None:
+            k, v = self.kv_proj(engrams).split(self.inner_dim, dim=-1)  # (B, N + R, E) each: one projection
+            k, v = self._heads(k), self._heads(v)  # (B, H, N + R, hd)
+        else:
+            k, v = key_values.unbind(0)
         reminded = None
 
         if self.mode == "sequential":
             q = self._heads(self.q_proj(self.ln_wm(hidden)))  # (B, H, L, hd)
             a, _ = self._attend(q, k, v, masks.wm_keys, mem.use_sdpa)
-            hidden = hidden + torch.where(masks.wm_gate, self.resid_dropout(self.out_proj(self._merge(a))), 0.0)
+            hidden = hidden + torch.where(masks.wm_gate, self.resid_dropout(self.out_proj(self._merge(a))), masks.zero)
             if R:
                 q = self._heads(self.q_proj(self.ln_rem(hidden)))
                 a, probs = self._attend(q, k, v, masks.rem_keys, mem.use_sdpa)
-                hidden = hidden + torch.where(masks.rem_gate, self.resid_dropout(self.out_proj(self._merge(a))), 0.0)
+                hidden = hidden + torch.where(masks.rem_gate, self.resid_dropout(self.out_proj(self._merge(a))),
+                                              masks.zero)
                 reminded = self._reminded_read(q, k, masks, probs)
             return hidden, reminded
 
         # parallel: one query, two softmaxes, one output projection
         q = self._heads(self.q_proj(self.ln(hidden)))
         a_wm, _ = self._attend(q, k, v, masks.wm_keys, mem.use_sdpa)
-        a = torch.where(masks.wm_gate[..., None], a_wm, 0.0)  # (B, H, L, hd)
+        a = torch.where(masks.wm_gate[..., None], a_wm, masks.zero)  # (B, H, L, hd)
         if R:
             a_rem, probs = self._attend(q, k, v, masks.rem_keys, mem.use_sdpa)
-            a = a + torch.where(masks.rem_gate[..., None], a_rem, 0.0)
+            a = a + torch.where(masks.rem_gate[..., None], a_rem, masks.zero)
             reminded = self._reminded_read(q, k, masks, probs)
         out = self.resid_dropout(self.out_proj(self._merge(a)))
-        return hidden + torch.where(masks.any_gate, out, 0.0), reminded
+        return hidden + torch.where(masks.any_gate, out, masks.zero), reminded
 
 
-__all__ = ["MemoryAttention", "MemoryInputs", "EngramMasks", "OutputProjection", "RemindedRead", "contribution"]
+__all__ = ["MemoryAttention", "MemoryInputs", "EngramMasks", "OutputProjection", "RemindedRead", "contribution",
+           "engram_key_values"]

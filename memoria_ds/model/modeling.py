@@ -39,7 +39,7 @@ from .extended_attention import self_attention_mask
 from .generation import MemoryGenerationMixin
 from .hf_compat import OUTPUT_CACHE
 from .layer import BlockInputs, MemoryBlock
-from .memory_attention import OutputProjection
+from .memory_attention import OutputProjection, engram_key_values
 from .recurrent import BlockWrites, MemoryKind, MemoryRead, RecurrentMemory, at_fixed_addresses, memory_kind
 
 
@@ -279,8 +279,10 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             token_mask=query_mask,
         )
         writes, pkm_stats = BlockWrites(memory=inputs.memory), []
+        engram_kv = self._engram_key_values(read.engrams)
         for i, (block, layer) in enumerate(zip(self.transformer.h, self.memory_blocks)):
-            hidden, stats, *written = layer(hidden, read.engrams, *read.layer_kv(i), block=block, inputs=inputs)
+            hidden, stats, *written = layer(hidden, read.engrams, engram_kv[i], *read.layer_kv(i), block=block,
+                                            inputs=inputs)
             writes.add(*written)
             pkm_stats.append(stats)
         for layer, stats in zip(self.memory_blocks, pkm_stats):  # once, outside the checkpointable blocks
@@ -310,6 +312,18 @@ class MemoriaGPT2LMHeadModel(GPT2PreTrainedModel, MemoryGenerationMixin):
             memory_stats=stats,
             **{OUTPUT_CACHE: past_key_values if decoding or use_cache else None},
         )
+
+    def _engram_key_values(self, engrams: Tensor | None) -> list[Tensor | None]:
+        """Per block, the engrams' keys and values for its memory attention, every block's in one
+        projection (`memory_attention.engram_key_values`), or None: the block projects them itself."""
+        out: list[Tensor | None] = [None] * len(self.memory_blocks)
+        with_attention = [i for i, b in enumerate(self.memory_blocks) if b.memory_attention is not None]
+        if engrams is None or not with_attention:
+            return out
+        fused = engram_key_values([self.memory_blocks[i].memory_attention for i in with_attention], engrams)
+        for i, kv in zip(with_attention, fused or ()):
+            out[i] = kv
+        return out
 
     def _check_call(self, labels, shift_labels, inputs_embeds, output_attentions, output_hidden_states,
                     past_key_values, memory_context, kwargs: dict[str, Any]) -> Any:

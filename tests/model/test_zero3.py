@@ -41,8 +41,16 @@ SCRIPT = PRELUDE + textwrap.dedent(
     model = build_model(backbone, "memoria", memoria=memoria)
     partitioned = model.transformer.wte.weight.numel() == 0
     model.activation_checkpointing_enable()
+    kv = [b.memory_attention.kv_proj for b in model.memory_blocks]
+    calls = []  # a block's own key/value projection called: the engrams were not projected for all blocks at once
+    for m in kv:
+        m.register_forward_hook(lambda *a: calls.append(1))
+    with deepspeed.zero.GatheredParameters([m.weight for m in kv]):
+        kv_start = [m.weight.detach().clone() for m in kv]
     engine, *_ = deepspeed.initialize(model=model, config=ds, model_parameters=model.parameters())
     segs = torch.randint(0, 257, (3, 48), generator=torch.Generator().manual_seed(0)).split(12, dim=1)
+    with torch.no_grad():  # the model called outside the engine, before its first forward
+        model(segs[0], labels=segs[0])
     losses = []
     for epoch in range(3):
         memory = None
@@ -53,9 +61,11 @@ SCRIPT = PRELUDE + textwrap.dedent(
             memory = out.memory
         losses.append(out.loss.item())
     proj = model.memory_blocks[1].memory_attention.out_proj.weight
-    with deepspeed.zero.GatheredParameters([proj]):
+    with deepspeed.zero.GatheredParameters([proj, *(m.weight for m in kv)]):
         moved = proj.abs().max().item()
-    print(json.dumps(dict(partitioned=partitioned, losses=losses, steps=memory.state.step.tolist(), moved=moved)))
+        kv_moved = min((m.weight - w).abs().max().item() for m, w in zip(kv, kv_start))
+    print(json.dumps(dict(partitioned=partitioned, losses=losses, steps=memory.state.step.tolist(), moved=moved,
+                          kv_moved=kv_moved, calls=len(calls))))
     """
 )
 
@@ -70,11 +80,16 @@ def _run(script, text: str) -> dict:
 
 
 def test_memoria_trains_under_zero3(tmp_path):
+    """The blocks' key/value projections run as one matmul (no block calls its own), in the engine's forward and
+    outside it: DeepSpeed gathers a partitioned weight read outside its module's call (its discovery of
+    external parameters) for the forward and the backward, and they train."""
     result = _run(tmp_path / "zero3.py", SCRIPT)
     assert result["partitioned"]  # ZeRO-3 really partitioned the weights
     assert result["steps"] == [3, 3, 3]
     assert all(x == x and x < 10 for x in result["losses"]) and result["losses"][-1] < result["losses"][0]
     assert result["moved"] > 0  # the no-op output projection was gathered, trained and is non-zero now
+    assert result["kv_moved"] > 0  # every block's key/value projection was trained
+    assert result["calls"] == 0
 
 
 PKM_SCRIPT = PRELUDE + textwrap.dedent(

@@ -48,8 +48,8 @@ class EncoderMemoryLayer(GradientCheckpointingLayer):
             resid_dropout=config.hidden_dropout_prob,
         )
 
-    def forward(self, hidden: Tensor, engrams: Tensor, *, layer: nn.Module, attention_mask: Tensor | None,
-                memory: MemoryInputs) -> tuple[Tensor, RemindedRead | None]:
+    def forward(self, hidden: Tensor, engrams: Tensor, key_values: Tensor | None = None, *, layer: nn.Module,
+                attention_mask: Tensor | None, memory: MemoryInputs) -> tuple[Tensor, RemindedRead | None]:
         """Run `layer` with the memory read between its two sublayers.
 
         Tensors that may need gradients are positional (reentrant checkpointing only tracks those).
@@ -57,6 +57,8 @@ class EncoderMemoryLayer(GradientCheckpointingLayer):
         Args:
             hidden: (B, L, D) the stream.
             engrams: (B, N + R, D) the working memory, then the reminded engrams.
+            key_values: (2, B, H, N + R, hd) their keys and values for this layer's memory attention,
+                projected for every layer at once (`memory_attention.engram_key_values`), or None.
             layer: the HF `BertLayer` / `RobertaLayer` at this index (not owned: its weights keep HF's names).
             attention_mask: the backbone's self-attention mask (`create_bidirectional_mask`), or None.
             memory: the per-forward memory inputs.
@@ -65,7 +67,7 @@ class EncoderMemoryLayer(GradientCheckpointingLayer):
             The stream (B, L, D), and what this layer's M_rem use attended with (or None).
         """
         attended, _ = layer.attention(hidden, attention_mask)  # (B, L, D)
-        attended, reminded = self.memory_attention(attended, engrams, memory)
+        attended, reminded = self.memory_attention(attended, engrams, memory, key_values)
         hidden = apply_chunking_to_forward(layer.feed_forward_chunk, layer.chunk_size_feed_forward,
                                            layer.seq_len_dim, attended)
         return hidden, reminded

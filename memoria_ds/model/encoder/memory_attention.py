@@ -59,7 +59,8 @@ class EncoderMemoryAttention(MemoryAttention):
         context = torch.where(gate[..., None], attended, 0.0)  # no engram: a zero context, as theirs
         return self.ln(hidden + self.resid_dropout(self.out_proj(self._merge(context))))
 
-    def forward(self, hidden: Tensor, engrams: Tensor, mem: MemoryInputs) -> tuple[Tensor, RemindedRead | None]:
+    def forward(self, hidden: Tensor, engrams: Tensor, mem: MemoryInputs,
+                key_values: Tensor | None = None) -> tuple[Tensor, RemindedRead | None]:
         """Attend to the working memory, then to the reminded engrams.
 
         Args:
@@ -67,6 +68,8 @@ class EncoderMemoryAttention(MemoryAttention):
             engrams: (B, N + R, D) the working memory (with the abstractor's gradient), then the
                 reminded engrams (constants).
             mem: the per-forward memory inputs (masks, gates).
+            key_values: (2, B, H, N + R, hd) this layer's projection of `engrams`, made for every layer at
+                once (`memory_attention.engram_key_values`), or None: projected here.
 
         Returns:
             The stream (B, L, D) for the layer's feed-forward sublayer, and what the M_rem use attended
@@ -74,8 +77,11 @@ class EncoderMemoryAttention(MemoryAttention):
         """
         R = mem.reminded_mask.shape[1]
         masks = mem.masks_for(engrams.shape[1] - R, engrams.dtype)
-        k, v = self.kv_proj(engrams).split(self.inner_dim, dim=-1)  # (B, N + R, D) each
-        k, v = self._heads(k), self._heads(v)  # (B, H, N + R, hd)
+        if key_values is None:
+            k, v = self.kv_proj(engrams).split(self.inner_dim, dim=-1)  # (B, N + R, D) each
+            k, v = self._heads(k), self._heads(v)  # (B, H, N + R, hd)
+        else:
+            k, v = key_values.unbind(0)
 
         q = self._heads(self.q_proj(hidden))  # (B, H, L, hd)
         attended, _ = self._attend(q, k, v, masks.wm_keys, mem.use_sdpa)

@@ -38,7 +38,7 @@ from transformers.utils import ModelOutput
 
 from ...memory import MemoriaConfig, MemoryEngine, MemoryStats
 from ..abstractor import Abstractor
-from ..memory_attention import MemoryInputs, OutputProjection, contribution
+from ..memory_attention import MemoryInputs, OutputProjection, contribution, engram_key_values
 from ..recurrent.read_copy import read_copy
 from .config import MemoriaBertConfig, MemoriaRobertaConfig
 from .layer import EncoderMemoryLayer
@@ -233,8 +233,10 @@ class MemoriaEncoderModel:
                               reminded_active=reminded_mask.any(dim=1), query_mask=real,
                               use_sdpa=cfg._attn_implementation == "sdpa", num_wm=wm.shape[1], dtype=engrams.dtype)
         reads = []
-        for i in cfg.memory_layers:
-            hidden, read = self.memory_layers[str(i)](hidden, engrams, layer=layers[i], attention_mask=mask,
+        key_values = engram_key_values([self.memory_layers[str(i)].memory_attention for i in cfg.memory_layers],
+                                       engrams) or [None] * len(cfg.memory_layers)
+        for i, kv in zip(cfg.memory_layers, key_values):
+            hidden, read = self.memory_layers[str(i)](hidden, engrams, kv, layer=layers[i], attention_mask=mask,
                                                       memory=inputs)
             reads.append(read)
 
