@@ -182,14 +182,15 @@ def edge_key_dtype(counts_dtype: torch.dtype, capacity: int) -> torch.dtype:
     return torch.int32 if torch.iinfo(counts_dtype).max * capacity + capacity < _NEG_BOUND else torch.int64
 
 
-def strongest_edges(rows: _Rows, walkers: Tensor, eligible_rank: Tensor, order: Tensor) -> Tensor:
+def strongest_edges(rows: _Rows, walkers: Tensor, eligible_rank: Tensor, order: Tensor, absent: Tensor) -> Tensor:
     """For each walker i, the eligible j with the largest `counts[i, j] > 0`.
 
     Args:
         rows: flat access to the state. walkers: (B, W) slots, -1 = no walker.
-        eligible_rank: (B, C) recency rank where j may be stepped to, `_NEG` elsewhere,
+        eligible_rank: (B, 1, C) recency rank where j may be stepped to, `_NEG` elsewhere,
             in the key dtype (`edge_key_dtype`).
         order: (B, C) slot of each recency rank (`recency_order`).
+        absent: 0-dim -1 in `order`'s dtype (made once per search, not once per round).
 
     Returns:
         (B, W) slots, -1 where the walker is absent or has no positive eligible edge.
@@ -206,9 +207,9 @@ def strongest_edges(rows: _Rows, walkers: Tensor, eligible_rank: Tensor, order: 
     # (widening into the key buffer first, then adding in place, is ~1.5x faster than one
     # mixed-dtype add, which casts through a temporary)
     key.copy_(counts)
-    best = torch.add(eligible_rank[:, None, :], key, alpha=C, out=key).amax(dim=2)  # (B, W)
+    best = torch.add(eligible_rank, key, alpha=C, out=key).amax(dim=2)  # (B, W)
     j = order.gather(1, best.remainder(C).long())
-    return torch.where((best >= C) & (walkers >= 0), j, -1)
+    return torch.where((best >= C) & (walkers >= 0), j, absent)
 
 
 def search_ltm(
@@ -234,8 +235,9 @@ def search_ltm(
     eligible = torch.where(state.kind == LTM, rank.to(key_dtype), neg)
     eligible = torch.cat([eligible, eligible.new_full((rows.B, 1), neg)], dim=1)
     frontier, found = cues, []
+    eligible_rank, absent = eligible[:, None, :C], torch.full((), -1, dtype=order.dtype, device=order.device)
     for _ in range(config.search_depth + 1):  # round 0: entry points from the cues
-        frontier = strongest_edges(rows, frontier, eligible[:, :C], order)
+        frontier = strongest_edges(rows, frontier, eligible_rank, order, absent)
         eligible.scatter_(1, frontier.remainder(C + 1), neg)  # -1 lands in column C
         found.append(frontier)
     # drop repeats (one slot found by two walkers of a round): sort, compare neighbours
