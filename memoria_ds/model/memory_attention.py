@@ -10,7 +10,8 @@ Notation: B rows, L query tokens, N = N_wm engrams, R reminded slots (M_rem, pad
 D model width, H heads, E = H * hd the attention's inner width.
 
 Few, large operations (issue 16): the keys and values of all N + R engrams come from one
-projection (of every block's at once, `engram_key_values`, issue 48), and each use attends over all of them with a mask that leaves only its own
+projection (every block's at once, `engram_key_values`, issue 48), and each use attends over all
+of them with a mask that leaves only its own
 engrams (a masked key's probability is exactly 0, so each use computes what an attention
 over its own engrams alone computes); no slices of the keys and values, so no per-slice
 backward. The masks and gates are built once per forward (`MemoryInputs`), not per block.

@@ -27,7 +27,7 @@ Notation: B rows, L tokens, N = N_wm engrams, R reminded slots, D width, H heads
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..memory_attention import MemoryAttention, MemoryInputs, RemindedRead
 
