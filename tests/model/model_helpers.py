@@ -27,6 +27,19 @@ def run_stream(model, segs, memory=None, **kwargs):
     return outs, memory
 
 
+def losses_and_grads(model, segs):
+    """Feed segments in order with a loss on each, carrying memory and backpropagating every segment:
+    (stacked losses, gradients by parameter name, the last output)."""
+    model.zero_grad()
+    memory, losses = None, []
+    for x in segs:
+        out = model(x, labels=x, memory=memory)
+        out.loss.backward()
+        losses.append(out.loss.detach())
+        memory = out.memory
+    return torch.stack(losses), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, out
+
+
 def assert_only_later_tokens_change(a, b, t: int, pos: int, later: float = 1e-6) -> None:
     """Causality of a carried memory, from the logits of a stream (`a`, per segment) and of the same
     stream with token `pos` of segment `t` changed (`b`): every earlier segment bit-identical, the

@@ -2,28 +2,17 @@
 
 import pytest
 import torch
-from model_helpers import run_stream, segments
-
-
-def _losses_and_grads(model, segs):
-    model.zero_grad()
-    memory, losses = None, []
-    for x in segs:
-        out = model(x, labels=x, memory=memory)
-        out.loss.backward()
-        losses.append(out.loss.detach())
-        memory = out.memory
-    return torch.stack(losses), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+from model_helpers import losses_and_grads, run_stream, segments
 
 
 @pytest.mark.parametrize("preset", ["memoria", "memoria_fast", "xl"])
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients(make_model, preset):
     model = make_model(preset, memory_init="random").train()
     segs = segments(count=4)
-    loss_a, grad_a = _losses_and_grads(model, segs)
+    loss_a, grad_a, _ = losses_and_grads(model, segs)
     model.activation_checkpointing_enable()
     assert all(b.gradient_checkpointing for b in model.memory_blocks)
-    loss_b, grad_b = _losses_and_grads(model, segs)
+    loss_b, grad_b, _ = losses_and_grads(model, segs)
     torch.testing.assert_close(loss_a, loss_b, rtol=0, atol=1e-6)
     assert grad_a.keys() == grad_b.keys()
     for n in grad_a:

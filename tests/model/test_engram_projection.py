@@ -8,7 +8,7 @@ block (the path every model took before the fused projection).
 
 import pytest
 import torch
-from model_helpers import segments
+from model_helpers import losses_and_grads, segments
 from peft import LoraConfig, get_peft_model
 
 from memoria_ds.model.memory_attention import engram_key_values
@@ -17,17 +17,11 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:Fu
 
 
 def _train_segments(model, segs):
-    """Three training segments with the memory carried: losses, last logits, gradients by name."""
+    """Training segments with the memory carried: losses, last logits, gradients by the base model's names."""
     model.train()
-    memory, losses = None, []
-    for x in segs:
-        out = model(x, labels=x, memory=memory)
-        out.loss.backward()
-        memory = out.memory.detach_()
-        losses.append(out.loss.detach())
-    grads = {n.replace("base_model.model.", "").replace("base_layer.", ""): p.grad
-             for n, p in model.named_parameters() if p.grad is not None}
-    return torch.stack(losses), out.logits.detach(), grads
+    losses, grads, out = losses_and_grads(model, segs)
+    names = {n: n.replace("base_model.model.", "").replace("base_layer.", "") for n in grads}
+    return losses, out.logits.detach(), {names[n]: g for n, g in grads.items()}
 
 
 def _pair(make_model, preset, **settings):
@@ -35,7 +29,7 @@ def _pair(make_model, preset, **settings):
     fused = make_model(preset, memory_init="random", **settings)
     with torch.no_grad():
         for module in fused.memory_modules():
-            for name, p in module.named_parameters():
+            for p in module.parameters():
                 if p.dim() > 1:
                     p.normal_(0, 0.3)
     own = make_model(preset, memory_init="random", **settings)
