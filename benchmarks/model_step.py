@@ -66,7 +66,6 @@ import json
 import resource
 from collections import Counter
 import statistics
-import subprocess
 import sys
 import time
 
@@ -76,9 +75,9 @@ from transformers import GPT2Config
 
 from memoria_ds.memory import memorize, remind
 from memoria_ds.compare.recipes import split_variants
-from memoria_ds.memory.compiled import error_gist
 from memoria_ds.model import PRESETS, build_model
 
+from failures import from_exception, run_child  # noqa: E402  (benchmarks/failures.py)
 from recipe import parse_variant  # noqa: E402  (benchmarks/recipe.py: `preset+key=value` variant names)
 
 SHAPES = {
@@ -307,7 +306,7 @@ def sync() -> None:
 def rss_of(name: str, a: argparse.Namespace) -> float:
     """Peak RSS (MiB) of a fresh process running `--rss-steps` steps of one variant."""
     cmd = [sys.executable, __file__, "--worker", name, *sys.argv[1:]]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    out = run_child(cmd, f"the {name!r} RSS worker").stdout
     return json.loads(out.strip().splitlines()[-1])["peak_rss_mb"]
 
 
@@ -399,8 +398,9 @@ def main() -> None:
         except Exception as e:
             if n == names[0]:
                 raise
-            failed[n] = f"{type(e).__name__}: {error_gist(str(e))[:300]}"
-            print(f"variant {n} failed and is left out: {failed[n]}", file=sys.stderr, flush=True)
+            failed[n] = from_exception(e).as_dict()  # the error, where in our code, the whole traceback
+            print(f"{failed[n]['detail']}variant {n} failed and is left out: {failed[n]['error']}"
+                  + (f" at {failed[n]['where']}" if failed[n]["where"] else ""), file=sys.stderr, flush=True)
             continue
         runners.append(r)
     peak = {}
@@ -455,7 +455,7 @@ def main() -> None:
         print(line)
         rows.append(row)
     for n, why in failed.items():
-        print(f"{n:<20}failed: {why}")
+        print(f"{n:<20}failed: {why['error']}" + (f" at {why['where']}" if why["where"] else ""))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": vars(a), "results": rows, "failed": failed}, f, indent=2)

@@ -18,10 +18,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from failures import run_child  # benchmarks/failures.py: a run's failure with its traceback
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {
@@ -45,9 +46,7 @@ def run_variant(preset: str, a: argparse.Namespace, workdir: Path, port: int) ->
         env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(a.threads))
     cmd = [shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(a.gpus),
            "--master_port", str(port), str(ROOT / "launch" / "finetune.py"), *args]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{preset} run failed:\n{done.stderr[-3000:]}")
+    run_child(cmd, f"the {preset} run", cwd=ROOT, env=env)  # a failure: its stderr, then what and where
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"][1:]  # skip the first window
     return {"preset": preset, "tokens_per_s": statistics.median(r["tok/s"] for r in train),

@@ -40,6 +40,11 @@ class MemoryStats:
     lifespan_mean: Tensor
     lifespan_max: Tensor
 
+    def copy(self) -> "MemoryStats":
+        """The statistics in tensors of their own: a CUDA graph's outputs are overwritten by its next
+        replay, and a training step keeps its micro-batches' statistics until it logs them."""
+        return MemoryStats(**{f.name: getattr(self, f.name).clone() for f in fields(self)})
+
     def summary(self) -> dict[str, float]:
         """Means over rows as Python floats (one host synchronisation), for loggers."""
         out: dict[str, float] = {}

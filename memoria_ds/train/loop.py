@@ -31,6 +31,7 @@ from ..eval.gain import memory_gain, part_gains
 from ..data.reset import ResetPolicy
 from ..data.segments import forward_segment
 from ..memory import graph_stats
+from ..memory.compiled import CUDAGRAPH_MODES
 from . import distributed as dist_utils
 from . import faults
 from .config import RunConfig
@@ -134,6 +135,7 @@ def _steps(ctx: RunContext, state: RunState, writer: MetricsWriter, window: _Win
     step_stats: list = []  # the memory statistics of the step's micro-batches
     last_loss: float | None = None
     span_length, recompute = cfg.optim.bptt_segments, cfg.optim.bptt_recompute
+    replayed = cfg.model.compile in CUDAGRAPH_MODES  # the step's outputs live until its next replay
     for step in range(state.step, ctx.total_steps):
         span, batches = _span(ctx, state, batches, step)
         step_stats = []
@@ -150,8 +152,8 @@ def _steps(ctx: RunContext, state: RunState, writer: MetricsWriter, window: _Win
                 with torch.set_grad_enabled(update):
                     out = _forward(state.engine, micro, state.memories[j], fresh, targets if update else None,
                                    recompute)
-                if out.memory_stats is not None:
-                    step_stats.append(out.memory_stats)
+                if out.memory_stats is not None:  # kept past later replays of a CUDA-graph step: a copy
+                    step_stats.append(out.memory_stats.copy() if replayed else out.memory_stats)
                 state.memories[j] = out.memory
                 if not update:
                     state.discard[j] = torch.zeros_like(state.discard[j])

@@ -16,6 +16,7 @@ def load_benchmark(script: str, name: str):
     try:
         spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / script)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # as an import does (dataclasses look their module up there)
         spec.loader.exec_module(module)
         return module
     finally:

@@ -44,6 +44,9 @@ def test_the_whole_check_at_tiny_shapes(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["failures"] == []
     parts = report["parts"]
+    assert list(parts) == ["probe", "memory", "model", "train", "lora", "tests"]  # the capture answers first
+    assert {k: v["status"] for k, v in parts["probe"]["kinds"].items()} == {"transformer": "captured",
+                                                                          "memoria": "captured"}
     assert set(parts["memory"]) >= {"B=4", "B=8"} and parts["memory"]["B=8"]["ms_per_step"] > 0
     assert set(parts["model"]["small"]) == {"transformer", "xl", "memoria", "memoria_full_width"}
     for part in ("train", "lora"):
@@ -52,7 +55,7 @@ def test_the_whole_check_at_tiny_shapes(tmp_path):
     assert resume["bit_identical"] is True and resume["steps_compared"] == 3
     assert parts["lora"]["memoria"]["adapter"]["complete"] and parts["lora"]["memoria"]["adapter"]["tensors"] > 0
     text = (out / "report.md").read_text()
-    assert "memoria / transformer tokens/s" in text and "bit-identical to the uninterrupted run: True" in text
+    assert "| memoria | captured |" in text and "memoria / transformer tokens/s" in text and "bit-identical to the uninterrupted run: True" in text
 
 
 def test_other_kinds_are_checked_by_name(tmp_path):
@@ -71,3 +74,14 @@ def test_other_kinds_are_checked_by_name(tmp_path):
     assert set(train) == {"transformer", "memorizing", "resume", "seconds"}  # no compiled runs
     assert train["resume"]["memorizing"]["bit_identical"] is True
     assert "Resume of `memorizing`" in (out / "report.md").read_text()
+
+
+def test_a_budget_cuts_a_command_short_keeps_its_log_and_reports_what_was_not_reached(tmp_path):
+    out = tmp_path / "gpu_check"
+    proc = _run("--tiny", "--out", str(out), "--only", "probe,memory", "--budget", "3")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["budget_s"] == 3 and report["not_reached"] == ["memory"], report
+    assert any(f.startswith("probe: exit 124") for f in report["failures"]), report["failures"]
+    assert "TimeoutExpired: killed after" in (out / "logs" / "probe.log").read_text()
+    assert "Not reached within the budget of 3 s: memory." in (out / "report.md").read_text()

@@ -52,9 +52,16 @@ def test_a_variant_that_fails_is_left_out_and_the_others_are_measured(monkeypatc
     assert bench.main() == 1
     data = json.loads(out.read_text())
     assert [r["variant"] for r in data["results"]] == ["transformer", "memoria"]
-    # a Triton error's cause is its last line, its first says where: both are kept
-    assert data["failed"] == {"xl": "RuntimeError: at 28:4: ... atomic_add does not support int16"}
-    assert "xl                  failed: RuntimeError" in capsys.readouterr().out
+    # a Triton error's cause is its last line, its first says where: both are kept, with the
+    # innermost frame of ours and the whole traceback (on an H200 a bare `AssertionError:` was all)
+    failure = data["failed"]["xl"]
+    assert failure["error"] == "RuntimeError: at 28:4: ... atomic_add does not support int16"
+    assert failure["where"].startswith("benchmarks/model_step.py:") and "r.step(timed=False)" in failure["where"]
+    assert failure["detail"].startswith("Traceback (most recent call last):")
+    assert "tl.atomic_add(out_ptr0 + tmp4, tmp20)" in failure["detail"]
+    captured = capsys.readouterr()
+    assert "xl                  failed: RuntimeError" in captured.out
+    assert "Traceback (most recent call last):" in captured.err and "in step" in captured.err
 
 
 def test_a_variant_names_model_settings_as_real_text_and_sorting_do():

@@ -316,3 +316,18 @@ def test_cuda_round_trip_and_same_results_on_gpu():
     assert cpu_hist == gpu_hist
     for b in range(3):
         assert_rows_equal(on_gpu.to("cpu"), b, state, b, f"row {b} after 20 steps on the GPU")
+
+
+def test_memory_stats_copy_owns_its_tensors():
+    # the training loop keeps a step's statistics past later replays of a CUDA-graph step (whose
+    # outputs the next replay overwrites): the copy equals and shares no storage
+    from dataclasses import fields
+
+    from memoria_ds.memory.stats import MemoryStats
+
+    stats = MemoryStats(**{f.name: torch.arange(8.0).reshape(2, 4) + i for i, f in enumerate(fields(MemoryStats))})
+    copy = stats.copy()
+    for f in fields(MemoryStats):
+        a, b = getattr(stats, f.name), getattr(copy, f.name)
+        assert torch.equal(a, b) and a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr(), f.name
+    assert copy.summary() == stats.summary()
