@@ -7,6 +7,10 @@ the argmax at the document's last segment (the authors' evaluation of Memoria BE
 
 `memoryless=True` reads the same documents with every row reset before every segment: the last
 segment alone decides, and the difference from the carried reading is what the memory does.
+
+`aggregate="mean"` predicts instead from the mean of a document's segments' logits (every
+segment read, each as the memory left it): with a model without a memory (preset `backbone`),
+the segment-mean baseline, which sees the whole document but carries nothing between segments.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from memoria_ds.eval.result import EvalResult
 from memoria_ds.eval.scoring import all_reduce_sums, dist_coordinates, evaluating, model_device
 
 _EVERY_DOCUMENT = ResetPolicy(at_document_start=True)
+AGGREGATES = ("last", "mean")
 
 
 def macro_f1(confusion: torch.Tensor) -> float:
@@ -54,6 +59,7 @@ def evaluate_classification(
     progress: bool = False,
     output_path: str | None = None,
     memoryless: bool = False,
+    aggregate: str = "last",
 ) -> EvalResult:
     """Accuracy and macro-F1 of a classifier in Contract 2 (`model(input_ids, attention_mask, labels,
     memory, reset)`, logits (B, K)) on one split of `LabelledDocuments`.
@@ -64,11 +70,15 @@ def evaluate_classification(
         batch_size: B_global documents per batch (a multiple of the world size); the last batch is
             padded with unscored rows, so every document counts once.
         memoryless: reset every row before every segment.
+        aggregate: `last` (the argmax at each document's last segment) or `mean` (the argmax of the
+            mean of its segments' logits; its label NLL from the softmax of that mean).
 
     Returns:
         `EvalResult`: `accuracy`, `macro_f1`, `correct`, the NLL of the labels; `scored_tokens`
         counts documents.
     """
+    if aggregate not in AGGREGATES:
+        raise ValueError(f"aggregate {aggregate!r}: use one of {AGGREGATES}")
     rank, world_size = dist_coordinates(rank, world_size)
     streams = DocumentStreams(documents.dataset, batch_size=batch_size, segment_length=segment_length,
                               max_segments=max_segments, rank=rank, world_size=world_size, pad_id=documents.pad_id,
@@ -80,10 +90,19 @@ def evaluate_classification(
     start = time.perf_counter()
     reset = EVERY_SEGMENT if memoryless else _EVERY_DOCUMENT
     label = f"eval {split}" if progress and rank == 0 else None
+    summed = count = None  # `mean`: each row's sum of its document's segment logits so far, and their number
     with evaluating(model):
         for seg in run_segments(model, streams, reset=reset, device=device, progress=label):
             batch = seg.batch
             logits = (seg.output["logits"] if isinstance(seg.output, dict) else seg.output.logits).float()  # (B, K)
+            if aggregate == "mean":
+                if summed is None:
+                    summed, count = torch.zeros_like(logits), torch.zeros(len(logits), dtype=torch.long, device=device)
+                inside = (batch.labels >= 0).to(device)  # (B,) the row's document reaches this segment
+                new_doc = batch.doc_start.to(device)  # (B,) a new document: its sums start again
+                summed = torch.where(new_doc[:, None], 0.0, summed) + logits * inside[:, None]
+                count = torch.where(new_doc, 0, count) + inside.long()
+                logits = summed / count.clamp(min=1)[:, None]
             scored = batch.last & (batch.labels >= 0)  # (B,) the rows whose document ends here
             labels = batch.labels.clamp(min=0)
             nll = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
@@ -102,7 +121,9 @@ def evaluate_classification(
         split=split,
         protocol={"name": "memoryless" if memoryless else "full", "segment_length": segment_length,
                   "num_streams": batch_size, "max_segments": max_segments, "reset": reset.to_dict(),
-                  "memoryless": memoryless, "scored": "argmax at each document's last segment",
+                  "memoryless": memoryless, "aggregate": aggregate,
+                  "scored": {"last": "argmax at each document's last segment",
+                             "mean": "argmax of the mean of each document's segment logits"}[aggregate],
                   "confusion": matrix.long().tolist()},
         world_size=world_size, steps=streams.steps_per_epoch, input_tokens=int(round(float(sums[1]))),
         wall_time_s=wall, tokens_per_s=float(sums[1]) / wall if wall > 0 else 0.0,
@@ -113,4 +134,4 @@ def evaluate_classification(
     return result
 
 
-__all__ = ["evaluate_classification", "macro_f1"]
+__all__ = ["AGGREGATES", "evaluate_classification", "macro_f1"]

@@ -71,7 +71,7 @@ def evaluate_split(
             model, corpus, segment_length=data.segment_length, max_segments=data.max_segments,
             batch_size=sorting_batch_size, model_name=label, split=evaluation.split, rank=rank,
             world_size=world_size, device=device, output_path=output(f"classification_{name}"),
-            memoryless=name == "memoryless",
+            memoryless=name == "memoryless", aggregate=getattr(evaluation, "aggregate", "last"),
         ) for name in evaluation.protocols]
     if data.corpus == "sorting":
         if memory_for is not None:

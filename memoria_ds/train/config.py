@@ -550,6 +550,10 @@ class EvalSection(Section):
             (`<run_dir>/eval/trace_<protocol>.jsonl`) and save the final memory state
             (`memory_<protocol>.safetensors`), for `launch/analyze.py` (paper Figures 5, 6, 8-9).
         knn_lm: kNN-LM on top of the model in every language-modelling protocol (`KNNLMSection`).
+        aggregate: a classifier's prediction for a document (`model.task: classification`): `last`,
+            the argmax at its last segment (the authors' `eval_aggregate="last"`), or `mean`, the
+            argmax of its segments' logits averaged (the segment-mean reading: with preset
+            `backbone`, the baseline that sees every segment without a memory).
     """
 
     every: int = 0
@@ -561,6 +565,7 @@ class EvalSection(Section):
     at_end: bool = True
     trace: bool = False
     knn_lm: KNNLMSection = Field(default_factory=KNNLMSection)
+    aggregate: Literal["last", "mean"] = "last"
 
     @model_validator(mode="after")
     def check(self):
@@ -618,6 +623,10 @@ class RunConfig(Section):
                              "`model.task: classification` and `data.corpus: documents`, or neither")
         if self.model.task == "classification":
             return self._check_classification()
+        if self.eval.aggregate != "last":
+            raise ValueError(f"`eval.aggregate` ({self.eval.aggregate!r}) says how a classifier reads a document's "
+                             f"segments (`model.task: classification`); a language model scores every token: "
+                             f"leave it `last`")
         # a from-scratch model gets GPT-2's 1024 positions unless told otherwise; every segment
         # restarts at position 0 (the memory models included), so a segment must fit
         positions = self.model.settings.get("n_positions", 1024)

@@ -84,6 +84,33 @@ def test_a_fresh_model_is_exactly_its_backbone_classifier(family):
 
 
 @pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_the_backbone_preset_is_its_hf_classifier_and_carries_nothing(family, tmp_path):
+    """Preset `backbone` (the baseline the memory is measured against): HF's classifier bit for bit, its
+    weight names, no memory module, a memory that keeps only the batch size; it saves and loads."""
+    model = tiny_encoder(family, "backbone")
+    assert model.memory_modules() == [] and not any("memory" in n or "abstractor" in n
+                                                    for n, _ in model.named_parameters())
+    plain = PLAIN[family](model.config).eval()
+    plain.load_state_dict(model.state_dict(), strict=True)  # exactly HF's weights, by HF's names
+    memory = None
+    for ids in document_segments(family):
+        ids, mask = padded(ids, family)
+        with torch.no_grad():
+            out = model(ids, attention_mask=mask, labels=torch.tensor([0, 2]), memory=memory,
+                        reset=torch.tensor([False, True]))
+            ref = plain(ids, attention_mask=mask, labels=torch.tensor([0, 2]))
+        torch.testing.assert_close(out.logits, ref.logits, rtol=0, atol=0)
+        torch.testing.assert_close(out.loss, ref.loss, rtol=0, atol=0)
+        assert out.memory_stats is None and out.memory.state_dict()["kind"] == "none"
+        memory = out.memory
+    with pytest.raises(ValueError, match="has no memory"):
+        model(ids, memory=tiny_encoder(family).empty_memory(2))
+    model.save_pretrained(tmp_path)
+    loaded = build_encoder_model(tmp_path)
+    assert loaded.config.use_memory is False and loaded.memory_modules() == []
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
 def test_a_checkpoint_loads_by_name_and_starts_as_it(family, tmp_path):
     """A saved HF classifier (BertForSequenceClassification / RobertaForSequenceClassification) loads by name into
     the Memoria model, whose memory modules are initialised as stated: its logits are the checkpoint's."""

@@ -53,6 +53,9 @@ ENCODER_PRESETS: dict[str, dict[str, Any]] = {
     # the authors' model: their memory attention (BertAttention: post-LayerNorm residual), their
     # abstractor (no 1/sqrt(D), no activation) and their random initialisation
     "memoria_authors": {"memory_residual": "post_norm", "memory_init": "random", "abstractor_style": "authors"},
+    # the backbone alone (no abstractor, no memory attention, nothing carried): the classifier the
+    # memory is measured against, reading one segment (truncated) or every segment (`eval.aggregate`)
+    "backbone": {"use_memory": False},
     # Table 7's ablations, on the encoder: working memory only; + short-term memory
     "memoria_wm": {"memoria": {"use_stm": False, "use_ltm": False}},
     "memoria_wm_stm": {"memoria": {"use_ltm": False}},
@@ -64,6 +67,7 @@ SETTING_RULES: dict[str, Rule] = {
     "memory_init": Rule(str, choices=INIT_MODES),
     "abstractor_style": Rule(str, choices=ABSTRACTOR_STYLES),
     "memory_compile": Rule(str, choices=COMPILE_MODES, optional=True),
+    "use_memory": Rule(bool),
 }
 
 
@@ -88,6 +92,9 @@ class EncoderMemoryFields:
             queries N(0, 1)) or `"authors"` (unscaled, two linear layers with no activation between;
             queries N(0, 0.02), as their `Abstractor` draws them).
         memory_compile: None (the memory engine runs eagerly) or a `torch.compile` mode for it.
+        use_memory: False builds the backbone's classifier alone (preset `backbone`): no abstractor, no
+            memory attention, no memory step; its memory (`NoMemory`) keeps only the batch size. The
+            baseline the memory is measured against, with the same loop, data and checkpoints.
     """
 
     memoria: dict[str, Any] | None = None
@@ -96,6 +103,7 @@ class EncoderMemoryFields:
     memory_init: str = "noop"
     abstractor_style: str = "transformer"
     memory_compile: str | None = None
+    use_memory: bool = True
 
     def __post_init__(self, **kwargs: Any) -> None:
         self.memoria = resolved_memoria(self.memoria)
@@ -109,7 +117,7 @@ class EncoderMemoryFields:
         for name, rule in SETTING_RULES.items():
             rule.check(name, getattr(self, name))
         last = self.num_hidden_layers - 2
-        if self.memory_layer_index > last:
+        if self.use_memory and self.memory_layer_index > last:
             raise SettingError("memory_layer_index", f"({self.memory_layer_index}) must be at most "
                                f"num_hidden_layers - 2 ({last}): the layers above it read the memory, so one "
                                f"must be left (the authors' 9 of 12 leaves two)")
@@ -125,8 +133,8 @@ class EncoderMemoryFields:
 
     @property
     def memory_layers(self) -> list[int]:
-        """The layers that read the memory: every layer above `memory_layer_index`."""
-        return list(range(self.memory_layer_index + 1, self.num_hidden_layers))
+        """The layers that read the memory: every layer above `memory_layer_index` (none without a memory)."""
+        return list(range(self.memory_layer_index + 1, self.num_hidden_layers)) if self.use_memory else []
 
 
 @strict

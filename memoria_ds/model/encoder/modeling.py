@@ -39,6 +39,7 @@ from transformers.utils import ModelOutput
 from ...memory import MemoriaConfig, MemoryEngine, MemoryStats
 from ..abstractor import Abstractor
 from ..memory_attention import MemoryInputs, OutputProjection, contribution, engram_key_values
+from ..recurrent.none import NoMemory
 from ..recurrent.read_copy import read_copy
 from .config import MemoriaBertConfig, MemoriaRobertaConfig
 from .layer import EncoderMemoryLayer
@@ -81,9 +82,12 @@ class MemoriaEncoderModel:
     def _add_memory_modules(self) -> None:
         cfg = self.config
         settings = cfg.memoria_config
+        self.memory_layers = nn.ModuleDict({str(i): EncoderMemoryLayer(cfg, i) for i in cfg.memory_layers})
+        if not cfg.use_memory:  # the backbone's classifier alone (preset `backbone`)
+            self.abstractor = None
+            return
         self.abstractor = Abstractor(dim=cfg.hidden_size, num_queries=settings.num_wm, ffn_dim=cfg.intermediate_size,
                                      activation=cfg.hidden_act, style=cfg.abstractor_style)
-        self.memory_layers = nn.ModuleDict({str(i): EncoderMemoryLayer(cfg, i) for i in cfg.memory_layers})
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
@@ -103,7 +107,9 @@ class MemoriaEncoderModel:
             init.zeros_(module.bias)
 
     def memory_modules(self) -> list[nn.Module]:
-        """The modules the memory adds (abstractor, memory attentions); all trainable."""
+        """The modules the memory adds (abstractor, memory attentions); all trainable. None without a memory."""
+        if self.abstractor is None:
+            return []
         return [self.abstractor, *(layer.memory_attention for layer in self.memory_layers.values())]
 
     # ------------------------------------------------------------------ memory
@@ -123,8 +129,10 @@ class MemoriaEncoderModel:
             engine = self.__dict__["_memory_engine"] = MemoryEngine(self.config.memory_compile)
         return engine
 
-    def empty_memory(self, batch_size: int, device: torch.device | str | None = None) -> EncoderMemory:
-        """A fresh memory for `batch_size` rows (document streams)."""
+    def empty_memory(self, batch_size: int, device: torch.device | str | None = None) -> EncoderMemory | NoMemory:
+        """A fresh memory for `batch_size` rows (document streams); without a memory, the batch size alone."""
+        if not self.config.use_memory:
+            return NoMemory(batch_size)
         device = device if device is not None else self.base_model.embeddings.word_embeddings.weight.device
         return EncoderMemory.empty(self.memory_settings, batch_size, self.config.hidden_size, device=device)
 
@@ -135,6 +143,11 @@ class MemoriaEncoderModel:
         Raises:
             ValueError: a memory of another kind, batch size, device, width or capacity; a bad reset mask.
         """
+        if not self.config.use_memory:
+            if memory is not None and not (isinstance(memory, NoMemory) and memory.batch_size == batch_size):
+                raise ValueError(f"this model has no memory (preset `backbone`): pass memory=None or the "
+                                 f"NoMemory of {batch_size} rows a previous call returned, got {memory!r}")
+            return memory if memory is not None else NoMemory(batch_size)
         if memory is None:
             memory = self.empty_memory(batch_size, device)
         elif not isinstance(memory, EncoderMemory):
@@ -220,6 +233,12 @@ class MemoriaEncoderModel:
         real = (attention_mask.to(device=device, dtype=torch.bool) if attention_mask is not None
                 else torch.ones(B, L, dtype=torch.bool, device=device))  # (B, L)
         layers = backbone.encoder.layer
+        if not cfg.use_memory:  # the backbone's classifier alone
+            for layer in layers:
+                hidden = layer(hidden, mask)
+            logits = self._classify(hidden)
+            loss = self._loss(logits, labels, num_items_in_batch) if labels is not None else None
+            return MemoriaSequenceClassifierOutput(loss=loss, logits=logits, memory=memory, memory_stats=None)
         for layer in layers[: cfg.memory_layer_index + 1]:
             hidden = layer(hidden, mask)  # HF's layer, whole
 

@@ -53,6 +53,16 @@ def memory_kind(config: Any) -> MemoryKind:
     return KINDS[config.memory_type](config)
 
 
+def _model_kind(model_config: Any) -> str | None:
+    """The memory kind a model of `model_config` runs: a GPT-2 config's `memory_type`; an encoder's
+    `memoria_encoder`, or `none` without a memory (preset `backbone`); None without a config."""
+    if model_config is None:
+        return None
+    if hasattr(model_config, "memory_type"):
+        return model_config.memory_type
+    return ENCODER_KIND if getattr(model_config, "use_memory", True) else "none"
+
+
 def memory_from_state_dict(
     state_dict: dict[str, Any], config: MemoriaConfig | None = None, device: torch.device | str | None = None,
     model_config: Any = None,
@@ -74,12 +84,15 @@ def memory_from_state_dict(
     if not isinstance(state_dict, dict):
         raise ValueError(f"a saved memory must be a mapping, got a {type(state_dict).__name__}")
     kind = state_dict.get("kind")
-    if kind == ENCODER_KIND:  # a Memoria encoder's (model/encoder/memory.py): the engine's state alone
+    wanted = _model_kind(model_config)
+    if kind == ENCODER_KIND and wanted in (None, ENCODER_KIND):  # a Memoria encoder's: the engine's state alone
         return _encoder_memory(state_dict, config, device, model_config)
-    if not isinstance(kind, str) or any(k not in KINDS for k in memory_kinds(kind)):
+    if not isinstance(kind, str) or (kind != ENCODER_KIND and any(k not in KINDS for k in memory_kinds(kind))):
         raise ValueError(f"unknown memory kind {kind!r}; expected one of {sorted(KINDS)}, or several joined by '+'")
-    if model_config is not None and kind != model_config.memory_type:
-        raise ValueError(f"saved memory is of kind {kind!r} but this model's memory is {model_config.memory_type!r}")
+    if wanted is not None and kind != wanted:
+        raise ValueError(f"saved memory is of kind {kind!r} but this model's memory is {wanted!r}")
+    if not hasattr(model_config, "memory_type"):  # an encoder without a memory (`backbone`): no GPT-2 config
+        model_config = None
     where = _non_finite(state_dict)
     if where is not None:
         raise ValueError(f"saved {kind} memory holds non-finite values in `{where}`: damaged or crafted, not loaded")

@@ -178,7 +178,8 @@ def check_compatible(info: CheckpointInfo, cfg: RunConfig, world_size: int) -> N
         )
     # the PKM values have a group of their own only with optim.pkm_value_lr set (a model whose settings
     # name PKM layers; checkpoints made before the setting have no PKM layer)
-    if resolve_preset(cfg.model.preset, **cfg.model.settings).get("pkm_layers"):
+    # (a language model's: an encoder's presets are not GPT-2's, and it has no PKM layer)
+    if cfg.model.task == "lm" and resolve_preset(cfg.model.preset, **cfg.model.settings).get("pkm_layers"):
         was_values = optim.get("pkm_value_lr") is not None
         if was_values != (cfg.optim.pkm_value_lr is not None):
             raise CheckpointError(
