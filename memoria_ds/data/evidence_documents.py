@@ -44,7 +44,7 @@ def make_document(words: list[str], rng: random.Random, length: int, label: int,
     return {"text": " ".join(passage), "label": cue, "evidence_word": at}
 
 
-def write_evidence_documents(out_dir: str | Path, counts: dict[str, int], *, words: int = 240,
+def write_evidence_documents(out_dir: str | Path, counts: dict[str, int], *, words: int = 200,
                              evidence_within: float = 0.4, seed: int = 0) -> dict[str, list[str]]:
     """Write each split's documents to `<out_dir>/<split>.jsonl`; returns `data.files` for them.
 
