@@ -9,8 +9,14 @@ document's last segment alone (a truncated encoder) cannot see it: it has to be 
 segment that holds it to the one where the document is classified. Everything else is the book's
 own text, read as it is.
 
-    files = write_evidence_documents("data/evidence", {"train": 600, "validation": 100, "test": 200})
+    files = write_evidence_documents("data/evidence", {"train": 2400, "validation": 100, "test": 200})
     # {"train": ["data/evidence/train.jsonl"], ...}: JSONL rows {"text", "label", "evidence_word"}
+    tokenizer = write_book_tokenizer("data/evidence/tokenizer")   # `data.tokenizer` of a from-scratch BERT
+
+The tokenizer is a BERT WordPiece tokenizer whose vocabulary is the book's words (lower-cased,
+punctuation apart) and the cues: every word one token, `[CLS]` and `[SEP]` around each segment,
+as a from-scratch BERT reads. (GPT-2's BPE, the default for from-scratch models, has no `[CLS]`:
+the head then pools an arbitrary first token, and a tiny BERT did not learn this task with it.)
 
 The splits draw their passages from disjoint thirds of the book (train from the first 60%,
 validation and test from the next 20% each), so no held-out passage was read in training.
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 from .corpora import bundled_chapters
@@ -82,4 +89,15 @@ def write_evidence_documents(out_dir: str | Path, counts: dict[str, int], *, wor
     return files
 
 
-__all__ = ["CUES", "book_words", "make_document", "write_evidence_documents"]
+def write_book_tokenizer(out_dir: str | Path) -> str:
+    """A BERT WordPiece tokenizer over the book's words and the cues, saved to `out_dir`; returns its path."""
+    from transformers import BertTokenizerFast
+
+    pieces = {t for w in book_words() for t in re.findall(r"[a-z0-9]+|[^a-z0-9\s]", w.lower())}
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted(pieces | set(CUES))]
+    tokenizer = BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)})
+    tokenizer.save_pretrained(str(out_dir))
+    return str(out_dir)
+
+
+__all__ = ["CUES", "book_words", "make_document", "write_book_tokenizer", "write_evidence_documents"]

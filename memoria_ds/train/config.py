@@ -339,7 +339,10 @@ class OptimSection(Section):
             graph of its state (`memformer`) trains its write from later segments' losses.
             1 (default): one segment per step, as before. `max_steps` counts optimiser steps;
             `epochs` gives `epochs * segments per epoch // K` of them. Not for the sorting
-            task (its input segments have no targets).
+            task (its input segments have no targets). A classifier (`model.task:
+            classification`), whose memory carries no gradient, steps once on the mean loss of
+            K segments: with K = `data.max_segments`, once per batch of documents, as the
+            authors' loop does (docs/encoders.md says why it matters).
         bptt_recompute: memory replay back-propagation (Memformer's MRBP): every segment of a
             span runs under activation checkpointing (non-reentrant), so only the memory
             states between segments are kept and each segment is recomputed in backward;
@@ -674,9 +677,9 @@ class RunConfig(Section):
         if self.model.from_scratch and self.data.segment_length > positions - 2:  # RoBERTa's positions start at 2
             raise ValueError(f"`data.segment_length` ({self.data.segment_length}) needs max_position_embeddings of at "
                              f"least {self.data.segment_length + 2}; set `model.settings.max_position_embeddings`")
-        if self.optim.bptt_segments != 1:
-            raise ValueError(f"`optim.bptt_segments` ({self.optim.bptt_segments}): a Memoria encoder learns within a "
-                             f"segment (the engine's state carries no gradient): use bptt_segments=1")
+        if self.optim.bptt_recompute:
+            raise ValueError("`optim.bptt_recompute` replays a memory that carries gradients; an encoder's memory "
+                             "carries none (each segment learns within itself): set `optim.bptt_recompute=false`")
         if self.eval.knn_lm.enabled:
             raise ValueError("`eval.knn_lm` interpolates a language model; a classifier is scored by accuracy and "
                              "F1: set `eval.knn_lm.enabled=false`")

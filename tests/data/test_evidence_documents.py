@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from transformers import AutoTokenizer
 
 from memoria_ds.data.documents import document_segments
-from memoria_ds.data.evidence_documents import CUES, SPLIT_SPANS, book_words, write_evidence_documents
+from memoria_ds.data.evidence_documents import (CUES, SPLIT_SPANS, book_words, write_book_tokenizer,
+                                                 write_evidence_documents)
 from memoria_ds.data.labelled import load_labelled_documents
-from memoria_ds.data.tokenize import gpt2_tokenizer_offline
 
 
 def _rows(files, split):
@@ -42,15 +43,16 @@ def test_the_cue_is_never_the_books_and_the_splits_read_disjoint_parts(tmp_path)
 
 
 def test_the_last_segment_never_holds_the_evidence_as_the_run_cuts_it(tmp_path):
-    """With GPT-2's BPE (the from-scratch runs' tokenizer) and the recipe's segments of 64 tokens, at most 6."""
+    """With the task's tokenizer (every word of the book one token, [CLS] and [SEP] around each segment) and
+    the recipe's segments of 64 tokens, at most 6: nothing cut off, the cue in an earlier segment only."""
     files = write_evidence_documents(tmp_path, {"test": 60}, seed=1)
-    docs = load_labelled_documents(files=files, splits=("test",))["test"]
-    tokenizer = gpt2_tokenizer_offline()
-    assert docs.cls_id is not None or docs.sep_id is not None or True  # (GPT-2's has neither: plain runs)
+    path = write_book_tokenizer(tmp_path / "tokenizer")
+    docs = load_labelled_documents(files=files, splits=("test",), tokenizer=path)["test"]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert docs.cls_id == tokenizer.cls_token_id and docs.sep_id == tokenizer.sep_token_id
     for tokens, label in zip(docs.dataset["input_ids"], docs.dataset["label"]):
+        assert tokenizer.unk_token_id not in tokens  # every word of the book is in the vocabulary
         segments = document_segments(tokens, 64, 6, docs.cls_id, docs.sep_id)
-        body = sum(len(s) for s in segments) - len(segments) * ((docs.cls_id is not None) + (docs.sep_id is not None))
-        assert len(segments) >= 4 and body == len(tokens)  # nothing cut off
-        text = [tokenizer.decode([int(t) for t in s]) for s in segments]
-        cue = docs.label_names[label]
-        assert cue not in text[-1] and sum(cue in t for t in text[:-1]) >= 1, (cue, text)
+        assert 4 <= len(segments) <= 6 and sum(len(s) - 2 for s in segments) == len(tokens)  # nothing cut off
+        cue = tokenizer.convert_tokens_to_ids(docs.label_names[label])
+        assert cue not in segments[-1] and sum(int(cue in s) for s in segments[:-1]) == 1

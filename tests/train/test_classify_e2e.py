@@ -121,20 +121,21 @@ def test_bf16_zero3_with_lora_on_a_pretrained_encoder_trains_and_exports(tmp_pat
 
 
 def test_the_backbone_alone_trains_resumes_and_reads_every_segment(tmp_path):
-    """Preset `backbone` (no memory) through the same loop, killed and resumed; `eval.aggregate=mean` scores
-    the mean of each document's segment logits (the segment-mean baseline): the memoryless reading is the
-    same reading, so the memory gain is exactly 0."""
+    """Preset `backbone` (no memory) through the same loop, one optimiser step per batch of documents
+    (`optim.bptt_segments` = `data.max_segments`: the authors' stepping), killed and resumed;
+    `eval.aggregate=mean` scores the mean of each document's segment logits (the segment-mean baseline):
+    the memoryless reading is the same reading, so the memory gain is exactly 0."""
     classify_args(tmp_path)
     args = [a for a in run_args(tmp_path) if not a.startswith(("model.preset", "model.settings"))]
     common = [*args, "model.preset=backbone", "model.settings={num_hidden_layers: 2, hidden_size: 32, "
               "num_attention_heads: 2, intermediate_size: 64, max_position_embeddings: 32}", "eval.aggregate=mean", DS,
-              "optim.max_steps=8", "checkpoint.every=4"]
+              "optim.max_steps=8", "checkpoint.every=4", "optim.bptt_segments=4"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     check(run_training(whole, *common, tiny=False))
     proc = run_training(killed, *common, tiny=False, fault="kill_after_step:6")
     assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
     check(run_training(killed, *common, "checkpoint.resume=auto", tiny=False))
-    assert losses_by_step(whole) == losses_by_step(killed)
+    assert losses_by_step(whole) == losses_by_step(killed) and sorted(losses_by_step(whole)) == list(range(1, 9))
     full, bare = json.loads((whole / "summary.json").read_text())["eval"]
     assert full["protocol"]["aggregate"] == "mean" and full["scored_tokens"] == 8
     assert (full["correct"], full["nll"]) == (bare["correct"], bare["nll"])

@@ -125,7 +125,7 @@ CLASSIFY = ["model.task=classification", "model.backbone=bert", "model.from_scra
 @pytest.mark.parametrize("extra,says", [
     (["data.corpus=bundled"], "set both `model.task: classification` and `data.corpus: documents`"),
     (["model.preset=xl"], "unknown `model.preset` 'xl' for `model.task: classification`"),
-    (["optim.bptt_segments=2"], "use bptt_segments=1"),
+    (["optim.bptt_segments=2", "optim.bptt_recompute=true"], "set `optim.bptt_recompute=false`"),
     (["eval.protocols=[full, memoryless_memoria]"], "a classifier is evaluated `full`"),
     (["eval.knn_lm.enabled=true"], "set `eval.knn_lm.enabled=false`"),
     (["model.settings={n_layer: 2}"], "unknown `model.settings` key(s) ['n_layer'] for a Memoria encoder"),
@@ -138,3 +138,11 @@ def test_a_bad_classification_setting_is_refused_when_the_config_loads(extra, sa
     with pytest.raises(ConfigError) as e:
         load(RunConfig, None, [*CLASSIFY, *extra])
     assert says in str(e.value), str(e.value)
+
+
+def test_a_classifier_may_step_once_per_batch_of_documents_and_only_it_aggregates():
+    cfg = load(RunConfig, None, [*CLASSIFY, "optim.bptt_segments=8", "eval.aggregate=mean", "model.preset=backbone"])
+    assert cfg.optim.bptt_segments == cfg.data.max_segments == 8 and cfg.eval.aggregate == "mean"
+    with pytest.raises(ConfigError) as e:
+        load(RunConfig, None, ["eval.aggregate=mean"])
+    assert "leave it `last`" in str(e.value)
