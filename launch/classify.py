@@ -10,7 +10,9 @@ document's segments and reset at the next. The summary and the evaluate command 
 and macro-F1 at each document's last segment, with and without the memory (docs/encoders.md).
 
 Defaults differ from fine-tuning a language model where the task does: `model.task:
-classification`, `data.corpus: documents`, RoBERTa-base, segments of 512 tokens, the paper's.
+classification`, `data.corpus: documents`, RoBERTa-base, segments of 512 tokens, the paper's, and
+one optimiser step per batch of documents (`optim.bptt_segments=8` = `data.max_segments`: the
+authors' loop; one step per segment does not learn evidence that lies in one segment, docs/encoders.md).
 """
 
 import project_env  # noqa: F401  (first: runs this script under the project's .venv when needed)
@@ -20,4 +22,5 @@ from memoria_ds.train.cli import main
 if __name__ == "__main__":
     main(description=__doc__.splitlines()[0],
          base_overrides=["model.task=classification", "data.corpus=documents", "model.backbone=roberta-base",
-                         "data.segment_length=512", "eval.protocols=[full, memoryless]", "data.reset=document_start"])
+                         "data.segment_length=512", "eval.protocols=[full, memoryless]", "data.reset=document_start",
+                         "optim.bptt_segments=8"])
