@@ -146,3 +146,16 @@ def test_a_classifier_may_step_once_per_batch_of_documents_and_only_it_aggregate
     with pytest.raises(ConfigError) as e:
         load(RunConfig, None, ["eval.aggregate=mean"])
     assert "leave it `last`" in str(e.value)
+
+
+def test_a_classifier_without_a_validation_split_has_checkpoints_that_can_be_checked():
+    """A checkpoint's memories are checked against the model its run configuration builds (resume and evaluate
+    do this): a classifier's documents with only `train` and `test` (and `eval.split=test`) must build; the
+    default `eval.split` (validation) made every such checkpoint unusable (found running the long-documents task)."""
+    from memoria_ds.train.checkpoints.shards import saved_model_config
+    from memoria_ds.train.parse import to_dict
+
+    cfg = load(RunConfig, None, [*CLASSIFY, "data.files={train: [a.jsonl], test: [c.jsonl]}", "eval.split=test",
+                                 "model.preset=backbone"])
+    built = saved_model_config({"meta": {"config": to_dict(cfg)}})
+    assert built.use_memory is False and built.model_type == "memoria_bert"

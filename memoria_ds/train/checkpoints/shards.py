@@ -110,8 +110,12 @@ def saved_model_config(manifest: dict[str, Any]) -> Any:
     config = meta.get("config") if isinstance(meta, dict) else None
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
         raise ValueError("its manifest holds no run configuration to check its memories against")
-    try:  # the sections the fingerprint covers, the model's and the data's (the others may have changed since)
-        return run_model_config(validate(RunConfig, {k: config[k] for k in ("model", "data") if k in config}))
+    # the sections the fingerprint covers, the model's and the data's (the others may have changed since), and
+    # no evaluation: its defaults must not be checked against these data (a classifier's documents may have
+    # no `validation` split, the default `eval.split`)
+    sections = {k: config[k] for k in ("model", "data") if k in config} | {"eval": {"at_end": False, "every": 0}}
+    try:
+        return run_model_config(validate(RunConfig, sections))
     except (ValueError, OSError) as e:  # a ConfigError, or a backbone whose config cannot be read
         raise ValueError(f"the model of its run configuration cannot be built to check its memories against "
                          f"({type(e).__name__}: {e})") from None
