@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from arguments import int_list  # benchmarks/arguments.py
-from failures import run_child  # benchmarks/failures.py: a failed run's stderr, what and where
+from failures import ChildFailed, run_child  # benchmarks/failures.py: a failed run's stderr, what and where
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -114,8 +114,17 @@ def main() -> int:
         write_evidence_documents(data, {"train": a.train_docs, "test": a.test_docs})
         write_book_tokenizer(data / "tokenizer")
     jobs = [(preset, seed) for seed in seeds for preset in ("backbone", "memoria")]
-    with ThreadPoolExecutor(a.jobs) as pool:
-        runs = list(pool.map(lambda job: one_run(a, data, job[0], job[1], 29600 + 7 * job[1] + len(job[0])), jobs))
+    with ThreadPoolExecutor(a.jobs) as pool:  # a run that fails is reported; the others still run
+        futures = [pool.submit(one_run, a, data, preset, seed, 29600 + 7 * seed + len(preset)) for preset, seed in jobs]
+    runs, failed = [], []
+    for (preset, seed), future in zip(jobs, futures):
+        try:
+            runs.append(future.result())
+        except ChildFailed as e:
+            failed.append(f"{preset}, seed {seed}: {e}")
+    if failed:
+        print("failed (rerun to retry them; finished runs are kept):\n" + "\n".join(failed), file=sys.stderr)
+        return 1
     by = {(r["preset"], r["seed"]): r["readings"] for r in runs}
     table = {}
     print(f"{'reading':<16}" + "".join(f"{'seed ' + str(s):>14}" for s in seeds) + f"{'mean ± half-range':>22}")
