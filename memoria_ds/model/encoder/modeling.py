@@ -107,7 +107,7 @@ class MemoriaEncoderModel:
             init.zeros_(module.bias)
 
     def memory_modules(self) -> list[nn.Module]:
-        """The modules the memory adds (abstractor, memory attentions); all trainable. None without a memory."""
+        """The modules the memory adds (abstractor, memory attentions); all trainable. Empty without a memory."""
         if self.abstractor is None:
             return []
         return [self.abstractor, *(layer.memory_attention for layer in self.memory_layers.values())]
