@@ -32,6 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 OURS = ("memoria_ds", "benchmarks", "launch")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
 _HEADER = "Traceback (most recent call last):"
+_RANK = re.compile(r"^\[rank\d+\]: ?")  # torch.distributed's prefix on a rank's stderr lines (the deepspeed launcher)
+
+
+def _lines(text: str) -> list[str]:
+    """`text`'s lines without a rank's `[rankN]: ` prefix."""
+    return [_RANK.sub("", x) for x in text.splitlines()]
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ def where(text: str) -> str | None:
     frames in a compiler's "from user code:" section if there is one (the operation that
     stopped a capture), else in the first traceback that has one of ours (the root cause of
     a chain: `raise ... from e` prints the cause first), else anywhere in `text`."""
-    lines = text.splitlines()
+    lines = _lines(text)
     user = [i for i, x in enumerate(lines) if x.strip() == "from user code:"]
     if user and (found := _frames(lines[user[-1]:])):
         return found
@@ -91,7 +97,7 @@ def where(text: str) -> str | None:
 def _raised(text: str) -> str | None:
     """The exception line after the last traceback in `text` (the first unindented line after
     its frames), with the message's following lines up to a blank one."""
-    lines = text.splitlines()
+    lines = _lines(text)
     start = max((i for i, x in enumerate(lines) if x.strip().endswith(_HEADER)), default=None)
     if start is None:
         return None
@@ -131,7 +137,7 @@ def from_child(proc: subprocess.CompletedProcess, what: str = "") -> Failure:
     """A subprocess that exited with a status other than the expected one: its last exception
     (or, with none, its last line of stderr) and where it was raised."""
     err = proc.stderr or ""
-    tail = next((x.strip() for x in reversed(err.splitlines()) if x.strip()), "")
+    tail = next((x.strip() for x in reversed(_lines(err)) if x.strip()), "")
     error = _raised(err) or tail or "no output on stderr"
     return Failure(error=f"{what + ' ' if what else ''}exit {proc.returncode}: {error}", where=where(err), detail=err)
 

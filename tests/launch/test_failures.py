@@ -78,6 +78,10 @@ def test_a_child_that_raises_is_named_by_its_last_exception():
     assert f.where.startswith("memoria_ds/model/") and f.detail == proc.stderr
     with pytest.raises(failures.ChildFailed, match="the probe exit 1: .*no_such_kind.* at memoria_ds/model/"):
         failures.run_child([sys.executable, "-c", code, str(ROOT)], "the probe")
+    # through the deepspeed launcher every line of a rank's stderr carries its `[rankN]: ` prefix
+    ranked = "".join(f"[rank0]: {line}\n" for line in proc.stderr.splitlines())
+    f = failures.from_child(subprocess.CompletedProcess(["deepspeed"], 1, "", ranked))
+    assert f.error.startswith("exit 1: ") and "no_such_kind" in f.error and f.where.startswith("memoria_ds/model/")
     quiet = failures.from_child(subprocess.CompletedProcess(["x"], 2, "", "run_dir: in use by another run\n"), "x")
     assert quiet.error == "x exit 2: run_dir: in use by another run" and quiet.where is None
 
