@@ -12,7 +12,7 @@ import sys
 import pytest
 from bench_util import ROOT
 
-# two launcher runs and an evaluation, twice: the pieces have their own default-tier
+# two launcher runs and an evaluation: the pieces have their own default-tier
 # tests (the backbone and the segment mean: tests/train/test_classify_e2e.py; the task: tests/data)
 pytestmark = pytest.mark.slow
 
