@@ -26,8 +26,6 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from memoria_ds.memory.compiled import error_gist
-
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ("memoria_ds", "benchmarks", "launch")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
@@ -110,7 +108,7 @@ def _raised(text: str) -> str | None:
         if not x.strip():
             break
         message.append(x)
-    return error_gist("\n".join(message))[:400]
+    return _gist("\n".join(message))
 
 
 # torch.compile's advice and frame listings in its messages: not the error (the frames give `where`)
@@ -121,6 +119,8 @@ _BOILERPLATE = ("Set TORCHDYNAMO_VERBOSE", "For more details about this graph br
 def _gist(message: str) -> str:
     """A message in one line: its first and last lines (a compiler puts the cause last), or only
     its first where torch.compile's advice and frame listings follow it (the frames give `where`)."""
+    from memoria_ds.memory.compiled import error_gist  # (here: the GPU check names a missing torch in one line)
+
     if any(x.strip().startswith(_BOILERPLATE) for x in message.splitlines()):
         message = next((x for x in message.splitlines() if x.strip()), "")
     return error_gist(message)[:400]

