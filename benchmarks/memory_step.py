@@ -37,7 +37,7 @@ import time
 
 import torch
 
-from failures import from_child  # benchmarks/failures.py: a worker's failure with its traceback
+from failures import from_child, line_of  # benchmarks/failures.py: a worker's failure with its traceback
 
 
 def _load_weights(batch: int, queries: int, mask: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
@@ -218,8 +218,7 @@ def main() -> int:
             if out.returncode != 0:  # the worker's traceback goes to this stderr (a log) and the JSON
                 failed[impl] = from_child(out, f"the {impl!r} worker").as_dict()
                 print(out.stderr, file=sys.stderr, flush=True)
-                print(f"round {r + 1} {impl:>16}: failed: {failed[impl]['error']}"
-                      + (f" at {failed[impl]['where']}" if failed[impl]["where"] else ""), flush=True)
+                print(f"round {r + 1} {impl:>16}: failed: {line_of(failed[impl])}", flush=True)
                 continue
             res = json.loads(out.stdout.strip().splitlines()[-1])
             runs[impl].append(res)

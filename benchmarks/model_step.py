@@ -77,7 +77,7 @@ from memoria_ds.memory import memorize, remind
 from memoria_ds.compare.recipes import split_variants
 from memoria_ds.model import PRESETS, build_model
 
-from failures import from_exception, run_child  # noqa: E402  (benchmarks/failures.py)
+from failures import from_exception, line_of, run_child  # noqa: E402  (benchmarks/failures.py)
 from recipe import parse_variant  # noqa: E402  (benchmarks/recipe.py: `preset+key=value` variant names)
 
 SHAPES = {
@@ -399,8 +399,8 @@ def main() -> None:
             if n == names[0]:
                 raise
             failed[n] = from_exception(e).as_dict()  # the error, where in our code, the whole traceback
-            print(f"{failed[n]['detail']}variant {n} failed and is left out: {failed[n]['error']}"
-                  + (f" at {failed[n]['where']}" if failed[n]["where"] else ""), file=sys.stderr, flush=True)
+            print(f"{failed[n]['detail']}variant {n} failed and is left out: {line_of(failed[n])}", file=sys.stderr,
+                  flush=True)
             continue
         runners.append(r)
     peak = {}
@@ -455,7 +455,7 @@ def main() -> None:
         print(line)
         rows.append(row)
     for n, why in failed.items():
-        print(f"{n:<20}failed: {why['error']}" + (f" at {why['where']}" if why["where"] else ""))
+        print(f"{n:<20}failed: {line_of(why)}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": vars(a), "results": rows, "failed": failed}, f, indent=2)

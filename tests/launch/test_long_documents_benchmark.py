@@ -38,5 +38,7 @@ def test_the_three_readings_through_the_launcher(tmp_path):
     assert "segment mean" in proc.stdout and "memoria reset" in proc.stdout
     again = _run(out)  # every run finished: read, not trained again
     assert again.returncode == 0 and again.stdout.splitlines()[-4:] == proc.stdout.splitlines()[-4:]
+    other = _run(out, "--epochs", "2")  # another recipe would reuse these runs as its own: refused
+    assert other.returncode == 2 and "holds runs of other settings" in other.stderr
     bad = _run(out, "--seeds", "x")
     assert bad.returncode == 2 and "--seeds 'x'" in bad.stderr

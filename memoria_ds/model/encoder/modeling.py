@@ -81,12 +81,11 @@ class MemoriaEncoderModel:
 
     def _add_memory_modules(self) -> None:
         cfg = self.config
-        settings = cfg.memoria_config
         self.memory_layers = nn.ModuleDict({str(i): EncoderMemoryLayer(cfg, i) for i in cfg.memory_layers})
         if not cfg.use_memory:  # the backbone's classifier alone (preset `backbone`)
             self.abstractor = None
             return
-        self.abstractor = Abstractor(dim=cfg.hidden_size, num_queries=settings.num_wm, ffn_dim=cfg.intermediate_size,
+        self.abstractor = Abstractor(dim=cfg.hidden_size, num_queries=cfg.memoria_config.num_wm, ffn_dim=cfg.intermediate_size,
                                      activation=cfg.hidden_act, style=cfg.abstractor_style)
 
     # ------------------------------------------------------------------ weights
