@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "memoria_ds"
 
-FLOORS = {"data": 1, "safe_io": 1, "rows": 1, "setting_rules": 1, "memory": 2, "model": 3, "eval": 3, "train": 4, "analysis": 5,
+FLOORS = {"data": 1, "safe_io": 1, "rows": 1, "setting_rules": 1, "memory": 2, "episodic": 2, "model": 3, "eval": 3, "train": 4, "analysis": 5,
           "repro": 5, "compare": 5}
 ENGINE = "memoria_ds.train.engine"
 
