@@ -8,7 +8,7 @@ starts from the trained weights theta and takes L gradient steps on
 predicts x with f_theta~, and throws theta~ away: the next test example starts from theta
 again. Defaults and their sources:
 
-* K = 32 neighbours, L = 30 steps: the paper, as the survey in shared/papers (memory_augmented_transformers_survey.txt) reports it
+* K = 32 neighbours, L = 30 steps: the paper, as the survey (shared/papers) reports it
   ("K = 32 and L = 30"). Daikon-Sun/EM-in-LLL's port uses L = 20 (`settings.py`).
 * lambda = 1e-3: the paper (the survey: "lambda_l = 0.001"); both public ports use 1e-3.
 * lr = 1e-3: h3lio5/episodic-lifelong-learning (`MbPAplusplus.py`: "1e-3 or 5e-3");

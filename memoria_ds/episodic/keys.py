@@ -3,7 +3,7 @@
 MbPA++ keys each stored example by a pretrained encoder's representation of its input, the
 last hidden state of the first token ([CLS] for BERT, <s> for RoBERTa), and freezes that
 encoder so keys written early in the stream stay comparable with queries made at the end
-(de Masson d'Autume et al. 2019; the survey in shared/papers (memory_augmented_transformers_survey.txt), on the same setup in
+(de Masson d'Autume et al. 2019; the survey (shared/papers), on the same setup in
 Meta-MbPA: a separate pretrained BERT_BASE key network, frozen "to prevent from drifting while
 training on a non-stationary data distribution"). The key network
 is a separate copy: it must never share a parameter with the classifier being trained, or

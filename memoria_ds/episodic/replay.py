@@ -3,7 +3,7 @@
 MbPA++ trains on the stream once and, every `replay_every` new examples, takes one gradient
 step on `replay_size` examples drawn uniformly from the episodic memory
 (`memory.sample`). The paper replays 100 stored examples per 10,000 new ones, a 1% replay
-rate (de Masson d'Autume et al. 2019; the survey in shared/papers (memory_augmented_transformers_survey.txt): "a 1%
+rate (de Masson d'Autume et al. 2019; the survey (shared/papers): "a 1%
 experience replay to learning new examples ratio is sufficient"). The public ports count
 steps instead of examples (Daikon-Sun/EM-in-LLL `train.py`: every 100 steps, a batch of the
 average batch size; h3lio5/episodic-lifelong-learning `main.py`: 64 examples every 201

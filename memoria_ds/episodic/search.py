@@ -2,7 +2,7 @@
 
 MbPA++ retrieves the K = 32 stored examples whose keys are closest to the test example's
 key in Euclidean distance (de Masson d'Autume et al. 2019; K from the survey in
-shared/papers (memory_augmented_transformers_survey.txt), "K = 32 and L = 30"). Note: one public port (h3lio5/episodic-lifelong-
+shared/papers, "K = 32 and L = 30"). Note: one public port (h3lio5/episodic-lifelong-
 learning, `ReplayMemory.get_neighbours`) ranks by inner product instead, which is not the
 same order for keys of different norms.
 
