@@ -17,10 +17,7 @@ authors' loop; one step per segment does not learn evidence that lies in one seg
 
 import project_env  # noqa: F401  (first: runs this script under the project's .venv when needed)
 
-from memoria_ds.train.cli import main
+from memoria_ds.train.cli import CLASSIFY_OVERRIDES, main
 
 if __name__ == "__main__":
-    main(description=__doc__.splitlines()[0],
-         base_overrides=["model.task=classification", "data.corpus=documents", "model.backbone=roberta-base",
-                         "data.segment_length=512", "eval.protocols=[full, memoryless]", "data.reset=document_start",
-                         "optim.bptt_segments=8"])
+    main(description=__doc__.splitlines()[0], base_overrides=CLASSIFY_OVERRIDES)

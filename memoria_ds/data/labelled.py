@@ -90,7 +90,8 @@ def load_labelled_documents(*, files: dict[str, list[str]] | None = None, path: 
 
     Args:
         files: `{split: [paths]}` (json(l), parquet, csv: one document per row).
-        path: a hub dataset name, or a `save_to_disk` folder (when `files` is not given).
+        path: a hub dataset name, or a `save_to_disk` folder (when `files` is not given); `hyperpartisan`:
+            the paper's Table 3 data in the authors' splits (`memoria_ds/data/hyperpartisan.py`).
         tokenizer: a tokenizer name or directory (the backbone's, BERT's or RoBERTa's); None: GPT-2's
             (shipped, for from-scratch models).
         splits: the splits to load (each must exist).
@@ -102,6 +103,10 @@ def load_labelled_documents(*, files: dict[str, list[str]] | None = None, path: 
     if files:
         raw = local_documents({k: v for k, v in files.items() if k in splits}, text_field=text_field)
         text_field = "text"
+    elif path == "hyperpartisan":  # the paper's Table 3 data, split as the authors split it
+        from memoria_ds.data.hyperpartisan import load_hyperpartisan
+
+        raw = load_hyperpartisan()
     elif path is not None:
         try:
             raw = datasets.load_from_disk(path)

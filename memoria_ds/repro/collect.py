@@ -34,6 +34,7 @@ from ..train.parse import ConfigError, load
 from .experiments import ENTRY_BASE_OVERRIDES, EXPERIMENTS, TABLES, Cell, Table
 
 _EVAL_FILE = re.compile(r"^step_(\d{8})_(\w+)\.json$")
+_SPLIT_FILE = re.compile(r"^(train|validation|test)_(\w+)\.json$")  # the evaluate command's, the run's settings
 _SKIP_DIRS = {"checkpoints", "export", "eval", "tb", "standins", "analysis"}
 
 
@@ -47,6 +48,16 @@ class Run:
     scale: str  # "paper", "smoke" or "unknown" (not launched by the launchers)
     finished: bool
     results: dict[str, tuple[int, EvalResult]] = field(default_factory=dict)  # protocol -> (step, result)
+    split_results: dict[tuple[str, str], EvalResult] = field(default_factory=dict)  # (split, protocol) -> result
+
+    def result(self, protocol: str, split: str | None = None) -> tuple[int | None, EvalResult | None]:
+        """(step, result) of `protocol`: the newest the training wrote, if of `split` (None: any), else the
+        evaluate command's of `split` (its step unknown: None)."""
+        if protocol in self.results and (split is None or self.results[protocol][1].split == split):
+            return self.results[protocol]
+        if split is not None and (split, protocol) in self.split_results:
+            return None, self.split_results[(split, protocol)]
+        return None, None
 
     @property
     def status(self) -> str:
@@ -63,7 +74,11 @@ class Run:
 
 
 def identity(cfg: RunConfig) -> tuple:
-    """What makes a run one paper experiment (independent of topology, batch split and paths)."""
+    """What makes a run one paper experiment (independent of topology, batch split and paths); a
+    classifier's includes its seed (Table 3 averages five)."""
+    if cfg.model.task == "classification":
+        return ("classification", cfg.model.preset, cfg.model.backbone.split("/")[-1], cfg.data.path,
+                cfg.data.segment_length, cfg.data.max_segments, cfg.seed)
     sorting = cfg.data.corpus == "sorting"
     return (cfg.model.from_scratch, cfg.model.preset,
             None if cfg.model.from_scratch else cfg.model.backbone.split("/")[-1],
@@ -112,11 +127,17 @@ def read_run(path: Path) -> Run:
         step, name = int(m.group(1)), m.group(2)
         if name not in run.results or step >= run.results[name][0]:
             run.results[name] = (step, read_results(f)[0])
+    for f in sorted((path / "eval").glob("*_*.json")) if (path / "eval").is_dir() else []:
+        m = _SPLIT_FILE.match(f.name)
+        if m is not None:
+            run.split_results[(m.group(1), m.group(2))] = read_results(f)[0]
     return run
 
 
 def metric_value(result: EvalResult, metric: str) -> float | None:
-    """The number the paper reports: PPL, BPC, or accuracy in percent."""
+    """The number the paper reports: PPL, BPC, or accuracy or macro-F1 in percent."""
+    if metric == "f1":
+        return None if result.macro_f1 is None else 100.0 * result.macro_f1
     if metric == "accuracy":
         return None if result.accuracy is None else 100.0 * result.accuracy
     if metric == "bpc":
@@ -127,6 +148,10 @@ def metric_value(result: EvalResult, metric: str) -> float | None:
 def describe_protocol(result: EvalResult) -> str:
     """One line: how this number was measured."""
     p = result.protocol
+    if result.macro_f1 is not None:
+        return (f"classification {p.get('name')}: {result.split} split, {result.data.get('num_documents', '?')} "
+                f"documents, segments of {p.get('segment_length')}, at most {p.get('max_segments', '?')} per document, "
+                f"prediction from {p.get('aggregate', 'last')}")
     if p.get("name") == "sorting":
         return (f"sorting: {result.split} split, {result.data.get('num_examples')} examples of "
                 f"{p.get('segments_per_example')} segments of {p.get('segment_length')}, {p.get('scored')}")
@@ -137,30 +162,66 @@ def describe_protocol(result: EvalResult) -> str:
             f"segment; {result.scored_tokens:,} {'characters' if result.bpc is not None else 'targets'}")
 
 
+_GAIN_PAIRS = (("full", "memoryless"), ("sorting", "sorting_memoryless"),
+               ("classification_full", "classification_memoryless"))
+
+
 @dataclass
 class Line:
-    """One number of a table (a cell, and one of our runs or none)."""
+    """One number of a table (a cell, and one of our runs or none); a seeded cell's line holds every
+    seed's run in `seed_runs` (its number their mean)."""
 
     table: Table
     cell: Cell
     run: Run | None
+    seed_runs: list[Run] = field(default_factory=list)
 
     def ours(self, protocol: str) -> tuple[float | None, EvalResult | None, int | None]:
-        if self.run is None or protocol not in self.run.results:
+        """(our number, its result, its step); for a seeded cell the mean over the seeds that have it."""
+        if self.seed_runs:
+            values = self.seed_values(protocol)
+            first = next((r for run in self.seed_runs if (r := run.result(protocol, self.cell.split)[1])), None)
+            return (sum(values) / len(values) if values else None), first, None
+        if self.run is None:
             return None, None, None
-        step, r = self.run.results[protocol]
-        return metric_value(r, self.cell.metric), r, step
+        step, r = self.run.result(protocol, self.cell.split)
+        return (None if r is None else metric_value(r, self.cell.metric)), r, step
+
+    def seed_values(self, protocol: str) -> list[float]:
+        """The seeds' numbers (those that have one)."""
+        out = []
+        for run in self.seed_runs:
+            r = run.result(protocol, self.cell.split)[1]
+            v = None if r is None else metric_value(r, self.cell.metric)
+            if v is not None:
+                out.append(v)
+        return out
+
+    def spread(self, protocol: str) -> float | None:
+        """The seeds' sample standard deviation (None below two)."""
+        values = self.seed_values(protocol)
+        if len(values) < 2:
+            return None
+        mean = sum(values) / len(values)
+        return (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
 
     def gain(self) -> MemoryGain | None:
         """The run's memory gain at its latest step, if it was also scored without its memory: `memoryless`
-        beside `full`, or the sorting task's memoryless reading beside its own."""
-        if self.run is None:
-            return None
-        for carried, bare in (("full", "memoryless"), ("sorting", "sorting_memoryless")):
-            if {carried, bare} <= set(self.run.results):
-                (step, a), (bare_step, b) = self.run.results[carried], self.run.results[bare]
-                return memory_gain([a, b]) if step == bare_step else None
-        return None
+        beside `full`, or the sorting task's or a classifier's memoryless reading beside its own."""
+        return _run_gain(self.run, self.cell.split) if self.run is not None else None
+
+    def seed_gain(self) -> float | None:
+        """A seeded classifier cell's mean memory gain in accuracy points (None if no seed has one)."""
+        gains = [g for run in self.seed_runs if (g := _run_gain(run, self.cell.split)) and g.accuracy_with is not None]
+        return (100 * sum(g.accuracy_with - g.accuracy_without for g in gains) / len(gains)) if gains else None
+
+
+def _run_gain(run: Run, split: str | None) -> MemoryGain | None:
+    for carried, bare in _GAIN_PAIRS:
+        (step, a), (bare_step, b) = run.result(carried, split), run.result(bare, split)
+        if a is not None and b is not None:
+            return memory_gain([a, b]) if step == bare_step else None
+    return None
 
 
 def build_lines(runs: list[Run], tables: Iterable[str]) -> list[Line]:
@@ -173,6 +234,9 @@ def build_lines(runs: list[Run], tables: Iterable[str]) -> list[Line]:
     for name in tables:
         table = TABLES[name]
         for cell in table.cells:
+            if cell.seeds:
+                lines.append(Line(table, cell, None, [r for i in cell.run_ids() for r in by_experiment.get(i, [])]))
+                continue
             matches = by_experiment.get(cell.experiment, []) if cell.experiment else []
             lines += [Line(table, cell, r) for r in matches] or [Line(table, cell, None)]
     return lines
@@ -181,7 +245,16 @@ def build_lines(runs: list[Run], tables: Iterable[str]) -> list[Line]:
 def _fmt(v: float | None, metric: str) -> str:
     if v is None:
         return "-"
-    return f"{v:.2f}" if metric == "accuracy" else f"{v:.3f}"
+    return f"{v:.2f}" if metric in ("accuracy", "f1") else f"{v:.3f}"
+
+
+def _fmt_seeds(line: Line, protocol: str) -> str:
+    """A seeded cell: `mean ± sd (n of N)`."""
+    values, sd = line.seed_values(protocol), line.spread(protocol)
+    if not values:
+        return "-"
+    mean = _fmt(sum(values) / len(values), line.cell.metric)
+    return f"{mean}{f' ± {sd:.2f}' if sd is not None else ''} ({len(values)} of {len(line.cell.seeds)})"
 
 
 def _fmt_gain(gain: MemoryGain | None) -> str:
@@ -202,7 +275,7 @@ def to_markdown(lines: list[Line], runs: list[Run]) -> str:
         rows = [line for line in lines if line.table is table]
         protocols = table.our_protocols
         w(f"\n## {table.title}\n\nPaper's numbers: {table.paper_protocol}.\n\n")
-        gains = any(line.gain() is not None for line in rows)
+        gains = any(line.gain() is not None or line.seed_gain() is not None for line in rows)
         head = (["Model", "Column", "Paper"] + [f"Ours (`{p}`)" for p in protocols]
                 + (["Memory gain"] if gains else []) + ["Status", "Run"])
         w("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
@@ -214,22 +287,36 @@ def to_markdown(lines: list[Line], runs: list[Run]) -> str:
                 ours.append(_fmt(v, cell.metric))
                 if r is not None:
                     seen.setdefault(describe_protocol(r), "")
+            if line.seed_runs:
+                ours = [_fmt_seeds(line, p) for p in protocols]
             if cell.experiment is None:
                 status, run = "not implemented in memoria_ds (paper only)", "-"
+            elif cell.seeds:
+                found = {r.status for r in line.seed_runs}
+                status = (f"{len(line.seed_runs)} of {len(cell.seeds)} seeds run"
+                          + (f"; {'; '.join(sorted(found))}" if found else ""))
+                run = f"`{cell.experiment}/seed*`"
             elif line.run is None:
                 status, run = "not run", f"`{cell.experiment}`"
             else:
                 status, run = line.run.status, f"`{line.run.path}`"
             if gains:
-                gain = line.gain()
-                ours.append(_fmt_gain(gain))
-            w("| " + " | ".join([cell.row, cell.column, _fmt(cell.paper, cell.metric), *ours, status, run]) + " |\n")
+                if cell.seeds:
+                    g = line.seed_gain()
+                    ours.append("-" if g is None else f"{g:+.2f} points (mean)")
+                else:
+                    ours.append(_fmt_gain(line.gain()))
+            paper = _fmt(cell.paper, cell.metric) + (f" ± {cell.paper_std:g}" if cell.paper_std is not None else "")
+            w("| " + " | ".join([cell.row, cell.column, paper, *ours, status, run]) + " |\n")
         if seen:
             w("\nOur protocols, as recorded with the results:\n\n" + "".join(f"- {d}\n" for d in seen))
         if gains:
             w("\nMemory gain: the run's NLL with its memory reset before every segment (`memoryless`) minus its "
-              "NLL with the memory carried (`full`), per scored token (sorting: the accuracy with the memory minus "
-              "without it, in points): what the memory is worth to that model.\n")
+              "NLL with the memory carried (`full`), per scored token (sorting and classification: the accuracy with "
+              "the memory minus without it, in points): what the memory is worth to that model.\n")
+        if any(c.seeds for c in table.cells):
+            w("\nSeeded cells: the mean over the seeds run, ± their sample standard deviation, (how many of the "
+              "table's seeds). The paper's ± is printed as the paper prints it.\n")
     other = [r for r in runs if r.experiment is None]
     if other:
         w("\n## Runs that match no paper experiment\n\n" + "".join(f"- `{r.path}`\n" for r in other))
@@ -245,7 +332,9 @@ def to_csv(lines: list[Line]) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator="\n")
     writer.writeheader()
-    for line in lines:
+    singles = [Line(line.table, line.cell, r) for line in lines for r in line.seed_runs] + [
+        line for line in lines if not line.seed_runs]
+    for line in singles:
         cell, run, gain = line.cell, line.run, line.gain()
         for p in line.table.our_protocols:
             v, r, step = line.ours(p)
@@ -257,7 +346,7 @@ def to_csv(lines: list[Line]) -> str:
                 "split": r.split if r else "", "scored": r.scored_tokens if r else "",
                 "step": "" if step is None else step,
                 "memory_gain": "" if gain is None else f"{gain.nats_per_token:.6g}", "scale": run.scale if run else "",
-                "status": run.status if run else "", "experiment": cell.experiment or "",
+                "status": run.status if run else "", "experiment": (run.experiment if run else cell.experiment) or "",
                 "run_dir": str(run.path) if run else "",
             })
     return out.getvalue()

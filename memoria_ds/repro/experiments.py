@@ -21,12 +21,18 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..memory import MemoriaConfig
+from ..train.cli import CLASSIFY_OVERRIDES
 
 CONFIGS = "launch/repro/configs"
 FINETUNE = "launch/finetune.py"
 PRETRAIN = "launch/pretrain.py"
-# What each entry point adds before the command line's overrides (as launch/pretrain.py does).
-ENTRY_BASE_OVERRIDES = {FINETUNE: [], PRETRAIN: ["model.from_scratch=true", "optim.lr=2e-4"]}
+CLASSIFY = "launch/classify.py"
+EVALUATE = "launch/evaluate.py"
+# What each entry point adds before the command line's overrides (as the launch scripts do).
+ENTRY_BASE_OVERRIDES = {
+    FINETUNE: [], PRETRAIN: ["model.from_scratch=true", "optim.lr=2e-4"],
+    CLASSIFY: CLASSIFY_OVERRIDES,
+}
 
 # Overrides shared by every smoke run: a few steps on CPU, quiet logs, a short evaluation.
 # `{standins}` is replaced by the stand-in data directory (memoria_ds.repro.standins).
@@ -54,6 +60,8 @@ class Experiment:
         smoke: overrides applied after `overrides` for a smoke run.
         smoke_batch: the global batch of a smoke run.
         standins: the stand-in data a smoke run needs (memoria_ds.repro.standins).
+        eval_splits: splits the evaluate command scores after training (`launch/evaluate.py RUN
+            eval.split=S`), beside the split the training evaluates at its end.
     """
 
     id: str
@@ -65,6 +73,7 @@ class Experiment:
     smoke: tuple[str, ...] = ()
     smoke_batch: int = SMOKE_LM_BATCH
     standins: tuple[str, ...] = ()
+    eval_splits: tuple[str, ...] = ()
 
     def __hash__(self) -> int:
         return hash(self.id)
@@ -78,8 +87,12 @@ class Cell:
         row: the paper's row label (the model).
         column: the paper's column label (data set, segment length, number of segments).
         paper: the paper's number (PPL, BPC, or accuracy in percent).
-        metric: `ppl`, `bpc` or `accuracy` (collected as a percentage).
+        metric: `ppl`, `bpc`, `accuracy` or `f1` (macro-F1; both collected as percentages).
         experiment: the id of the run that reproduces it; None if the model is not implemented.
+            With `seeds`, the id shared by the runs of those seeds (`<experiment>/seed<s>`).
+        split: the split the number is of (None: the split the run evaluated).
+        seeds: the seeds whose runs are averaged (the paper's "average of five runs"); () = one run.
+        paper_std: the paper's spread beside its number, as printed (None: none printed).
     """
 
     row: str
@@ -87,6 +100,15 @@ class Cell:
     paper: float
     metric: str
     experiment: str | None
+    split: str | None = None
+    seeds: tuple[int, ...] = ()
+    paper_std: float | None = None
+
+    def run_ids(self) -> list[str]:
+        """The ids of the runs this number comes from."""
+        if self.experiment is None:
+            return []
+        return [seeded_id(self.experiment, s) for s in self.seeds] or [self.experiment]
 
 
 @dataclass(frozen=True)
@@ -101,7 +123,12 @@ class Table:
 
     def experiment_ids(self) -> list[str]:
         """The runs this table needs, in the table's order, each once."""
-        return list(dict.fromkeys(c.experiment for c in self.cells if c.experiment is not None))
+        return list(dict.fromkeys(i for c in self.cells for i in c.run_ids()))
+
+
+def seeded_id(experiment: str, seed: int) -> str:
+    """The id (and run directory) of one seed's run of `experiment`."""
+    return f"{experiment}/seed{seed}"
 
 
 # ------------------------------------------------------------------------------ experiments
@@ -182,6 +209,40 @@ def _sorting(segment_length: int, segments: int, model: str) -> Experiment:
     )
 
 
+# Table 3: the classifiers, each as (label, backbone, preset, segment length, segments read); the
+# backbones are the authors' (`train_classification.py --model ...`), 12-layer base models.
+HYPERPARTISAN_MODELS: dict[str, tuple[str, str, str, int, int]] = {
+    "bert": ("BERT [512]", "bert-base-uncased", "backbone", 512, 1),
+    "roberta": ("RoBERTa [512]", "roberta-base", "backbone", 512, 1),
+    "bigbird": ("Bigbird [4096]", "google/bigbird-roberta-base", "backbone", 4096, 1),
+    "longformer": ("Longformer [4096]", "allenai/longformer-base-4096", "backbone", 4096, 1),
+    "memoria_bert": ("Memoria BERT [512]", "bert-base-uncased", "memoria_authors", 512, 8),
+    "memoria_roberta": ("Memoria RoBERTa [512]", "roberta-base", "memoria_authors", 512, 8),
+}
+# Smoke stand-ins of the backbones (memoria_ds.repro.standins) and the lengths scaled down by 16 / 64.
+_SMOKE_BACKBONE = {"bert-base-uncased": "bert-tiny", "roberta-base": "roberta-tiny",
+                   "google/bigbird-roberta-base": "bigbird-tiny", "allenai/longformer-base-4096": "longformer-tiny"}
+HYPERPARTISAN_SEEDS = (42, 43, 44, 45, 46)  # five runs; 42 is the authors' default seed
+
+
+def _classify(model: str, seed: int) -> Experiment:
+    """Table 3: a classifier fine-tuned on Hyperpartisan (Longformer's splits), one seed."""
+    _, backbone, preset, length, segments = HYPERPARTISAN_MODELS[model]
+    standin = _SMOKE_BACKBONE[backbone]
+    smoke_length = 64 if segments == 1 and length > 512 else 32
+    return Experiment(
+        id=seeded_id(f"classify/hyperpartisan-{model}", seed), entry_point=CLASSIFY,
+        config=f"{CONFIGS}/hyperpartisan.yaml",
+        overrides=(f"model.backbone={backbone}", f"model.preset={preset}", f"data.segment_length={length}",
+                   f"data.max_segments={segments}", f"optim.bptt_segments={segments}", f"seed={seed}"),
+        batch=8, tags={"model": model, "seed": str(seed), "segment_length": str(length)},
+        smoke=(f"model.backbone={{standins}}/{standin}", "data.path={standins}/hyperpartisan",
+               f"data.segment_length={smoke_length}", "model.settings.memoria={num_wm: 4, num_stm_reminded: 4, "
+               "num_ltm_reminded: 4, stm_capacity: 8}" if preset != "backbone" else "model.settings={}"),
+        smoke_batch=2, standins=(standin, "hyperpartisan"), eval_splits=("test",),
+    )
+
+
 # The memory baselines of Tables 1, 2 and 4 (presets; docs/baselines.md).
 BASELINES = ("xl", "compressive", "infinity")
 
@@ -195,6 +256,7 @@ def _all_experiments() -> dict[str, Experiment]:
     out += [_sorting(s, n, m) for s in (256, 512, 1024) for n in (4, 8, 16, 32) for m in (*BASELINES, "memoria")]
     out += [_sorting(1024, n, m) for n in (4, 8, 16, 32, 47)
             for m in ("transformer", "memoria_wm", "memoria_wm_stm", "memoria")]
+    out += [_classify(m, seed) for m in HYPERPARTISAN_MODELS for seed in HYPERPARTISAN_SEEDS]
     return {e.id: e for e in out}  # Table 7's Memoria at n <= 32 is Table 4's run (same id)
 
 
@@ -274,17 +336,40 @@ def _table7() -> Table:
                  ("sorting",))
 
 
-TABLES: dict[str, Table] = {t.name: t for t in (_table5(), _table1(), _table2(), _table4(), _table7())}
+_CLS_PAPER = ("Hyperpartisan (Longformer's splits: train 516, validation 64, test 65 articles; 51 of the test "
+              "articles are also training articles); macro-F1 and accuracy, mean and spread of five runs, each at its "
+              "last checkpoint after 20 epochs; segmented models predict from the document's last segment")
+
+
+def _table3() -> Table:
+    paper = {  # model -> (validation F1, validation acc, test F1, test acc), each (mean, std as printed)
+        "bert": ((76.61, 0.04), (78.75, 0.03), (91.67, 0.01), (93.05, 0.01)),
+        "roberta": ((82.96, 0.02), (84.06, 0.02), (95.24, 0.02), (95.38, 0.02)),
+        "bigbird": ((81.22, 0.02), (82.81, 0.02), (93.24, 0.01), (93.54, 0.01)),
+        "longformer": ((78.33, 0.03), (79.69, 0.03), (94.56, 0.01), (94.77, 0.01)),
+        "memoria_bert": ((78.24, 0.04), (80.00, 0.04), (94.59, 0.02), (94.77, 0.02)),
+        "memoria_roberta": ((86.39, 0.01), (87.19, 0.01), (96.51, 0.02), (96.62, 0.02)),
+    }
+    cols = (("Validation F1", "validation", "f1"), ("Validation Acc", "validation", "accuracy"),
+            ("Test F1", "test", "f1"), ("Test Acc", "test", "accuracy"))
+    cells = [Cell(HYPERPARTISAN_MODELS[model][0], col, mean, metric, f"classify/hyperpartisan-{model}", split=split,
+                  seeds=HYPERPARTISAN_SEEDS, paper_std=std)
+             for model, nums in paper.items() for (col, split, metric), (mean, std) in zip(cols, nums)]
+    return Table("table3", "Table 3: Hyperpartisan classification (macro-F1 and accuracy, %)", tuple(cells),
+                 _CLS_PAPER, ("classification_full", "classification_memoryless"))
+
+
+TABLES: dict[str, Table] = {t.name: t for t in (_table5(), _table1(), _table2(), _table3(), _table4(), _table7())}
 # Tags the launchers filter on, and their flags.
 FILTERS = {"model": "--models", "size": "--sizes", "corpus": "--corpora", "segment_length": "--segment-lengths",
-           "segments": "--segments"}
+           "segments": "--segments", "seed": "--seeds"}
 
 
 def select(table: str, filters: dict[str, Iterable[str]] | None = None, entries: Iterable[str] = ()) -> list[Experiment]:
     """The experiments of `table`, narrowed by tag values and by id globs.
 
     Args:
-        table: `table1`, `table2`, `table4`, `table5` or `table7`.
+        table: `table1`, `table2`, `table3`, `table4`, `table5` or `table7`.
         filters: tag -> accepted values, e.g. `{"model": ["memoria"], "size": ["gpt2-xl"]}`.
         entries: glob patterns on the experiment id (`*L1024-n4*`); any one may match.
 
@@ -317,5 +402,5 @@ def _natural(v: str) -> tuple:
     return (0, int(v), "") if v.isdigit() else (1, 0, v)
 
 
-__all__ = ["Cell", "ENTRY_BASE_OVERRIDES", "EXPERIMENTS", "Experiment", "FILTERS", "GPT2_SIZES", "TABLES", "Table", "select",
-           "sorting_memory"]
+__all__ = ["CLASSIFY", "Cell", "ENTRY_BASE_OVERRIDES", "EVALUATE", "EXPERIMENTS", "Experiment", "FILTERS", "GPT2_SIZES",
+           "HYPERPARTISAN_MODELS", "HYPERPARTISAN_SEEDS", "TABLES", "Table", "seeded_id", "select", "sorting_memory"]

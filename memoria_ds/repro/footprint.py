@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,24 +37,19 @@ from ..train.activation_memory import (GIB, activation_bytes, engram_bytes_per_r
 from ..train.build import from_scratch_backbone
 from ..train.config import RunConfig
 from ..train.engine import zero_model_state_bytes
-
-# ZeRO choices the planner considers, cheapest first: name -> (stage, offload, DeepSpeed JSON)
-ZERO_CHOICES = {
-    "1": (1, False, "ds_configs/zero1.json"),
-    "2": (2, False, "ds_configs/zero2.json"),
-    "3": (3, False, "ds_configs/zero3.json"),
-    "2-offload": (2, True, "ds_configs/zero2_offload.json"),
-    "3-offload": (3, True, "ds_configs/zero3_offload.json"),
-}
-SINGLE_GPU_CONFIG = "ds_configs/single_gpu.json"  # ZeRO-1 on one rank: nothing to shard
-
+from .zero_choices import SINGLE_GPU_CONFIG, ZERO_CHOICES, Footprint
 
 def model_config(cfg: RunConfig) -> MemoriaGPT2Config:
     """The model configuration `build_run_model` would build, from the names alone (no download).
 
     A GPT-2 hub name gives its published shape (`train.build.GPT2_SHAPES`); a local
-    directory its config.json; a from-scratch model the corpus vocabulary.
+    directory its config.json; a from-scratch model the corpus vocabulary. A classifier's
+    (`model.task: classification`) is its encoder's (`encoder_estimates.encoder_model_config`).
     """
+    if cfg.model.task == "classification":
+        from .encoder_estimates import encoder_model_config
+
+        return encoder_model_config(cfg)
     m = cfg.model
     settings: dict[str, Any] = dict(m.settings)
     settings.setdefault("segment_length", cfg.data.segment_length)
@@ -85,29 +79,13 @@ def _count_parameters(config_json: str) -> tuple[tuple[str, int], ...]:
     return (("total", total), ("backbone", backbone), ("memory", total - backbone), ("largest_layer", largest))
 
 
-@dataclass(frozen=True)
-class Footprint:
-    """Estimated GPU memory of one rank, in bytes, and what it is made of."""
-
-    params: dict[str, int]
-    zero: str
-    model_states: dict[str, float]  # {"gpu": per GPU, "cpu": per node}, DeepSpeed's estimate
-    activations: float
-    rows_per_rank: int
-    engram_row: dict[str, int]
-
-    @property
-    def engram_bytes(self) -> float:
-        return self.rows_per_rank * sum(v for k, v in self.engram_row.items() if k != "capacity")
-
-    @property
-    def total(self) -> float:
-        return self.model_states["gpu"] + self.activations + self.engram_bytes
-
-
 def estimate(cfg: RunConfig, world_size: int, zero: str, config: MemoriaGPT2Config | None = None) -> Footprint:
     """The footprint of `cfg` on `world_size` ranks under ZeRO choice `zero` (`ZERO_CHOICES` key)."""
     config = config or model_config(cfg)
+    if cfg.model.task == "classification":
+        from .encoder_estimates import footprint
+
+        return footprint(cfg, world_size, zero, config)
     params = count_parameters(config)
     stage, offload, _ = ZERO_CHOICES[zero]
     states = zero_model_state_bytes(params["total"], params["largest_layer"], stage, offload,

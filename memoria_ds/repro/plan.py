@@ -35,9 +35,10 @@ import yaml
 from ..train.cli import parse as parse_training_args
 from ..train.config import RunConfig
 from ..train.parse import ConfigError, to_dict
+from . import encoder_estimates as enc
 from . import footprint as fp
 from .cost import Cost, Schedule, estimate_cost, schedule
-from .experiments import ENTRY_BASE_OVERRIDES, FILTERS, SMOKE_COMMON, TABLES, Experiment, select
+from .experiments import ENTRY_BASE_OVERRIDES, EVALUATE, FILTERS, SMOKE_COMMON, TABLES, Experiment, select
 from .standins import write_standins
 from .topology import LAUNCHERS, TOPOLOGIES, BatchSplit, Topology, split_batch
 
@@ -63,6 +64,7 @@ class PlannedRun:
     schedule: Schedule
     cost: Cost
     done: bool
+    evaluations: list[tuple[list[str], bool]]  # after training: (the evaluate command, done)
 
     @property
     def command(self) -> str:
@@ -102,13 +104,21 @@ def plan_run(e: Experiment, *, topology: Topology, run_root: Path, smoke: bool, 
     final = args(repo_path(ds))
     cfg = parse_training_args(final, "", base)  # what the run will see (a passthrough `deepspeed=` wins)
     chosen = fp.estimate(cfg, world, chosen.zero, config)
-    sched = schedule(cfg, world, count=count)
     stage, offload, _ = fp.ZERO_CHOICES[chosen.zero]
-    cost = estimate_cost(config, chosen.params["total"], sched, cfg, world, topology.num_nodes, stage, offload)
+    if cfg.model.task == "classification":
+        sched = enc.schedule(cfg, world, e.eval_splits)
+        cost = enc.estimate_cost(config, chosen.params["total"], sched, cfg, world, topology.num_nodes, stage, offload)
+    else:
+        sched = schedule(cfg, world, count=count)
+        cost = estimate_cost(config, chosen.params["total"], sched, cfg, world, topology.num_nodes, stage, offload)
     node = topology.resolved_node_rank() if topology.launcher == "no-ssh" and topology.kind == "multinode" else None
     log = run_dir / ("launch.log" if node is None else f"launch.node{node}.log")
     argv = [*topology.launcher_args(), repo_path(e.entry_point), *final]
-    return PlannedRun(e, run_dir, log, argv, cfg, split, chosen, sched, cost, (run_dir / "summary.json").exists())
+    # the evaluate command after training, once (on the first node under no-ssh)
+    evaluations = [([sys.executable, repo_path(EVALUATE), str(run_dir), f"eval.split={split}"],
+                    any((run_dir / "eval").glob(f"{split}_*.json"))) for split in e.eval_splits if not node]
+    return PlannedRun(e, run_dir, log, argv, cfg, split, chosen, sched, cost, (run_dir / "summary.json").exists(),
+                      evaluations)
 
 
 # ------------------------------------------------------------------------------ output
@@ -139,6 +149,8 @@ def report(runs: list[PlannedRun], topology: Topology, *, full_config: bool, gpu
         w(f"\n[{i}/{len(runs)}] {e.id}{'   (done: skipped unless --rerun)' if r.done else ''}\n")
         w(f"  run dir   {r.run_dir}   (output also in {r.log.name})\n")
         w(f"  command   {r.command}\n")
+        for argv, done in r.evaluations:
+            w(f"  then      {shlex.join(argv)}{'   (done)' if done else ''}\n")
         if full_config:
             w("  config    (resolved)\n")
             w("".join(f"              {line}\n" for line in yaml.safe_dump(to_dict(r.cfg), sort_keys=False).splitlines()))
@@ -155,9 +167,11 @@ def report(runs: list[PlannedRun], topology: Topology, *, full_config: bool, gpu
           f"{r.cfg.optim.precision}; ZeRO {f.zero} ({r.cfg.deepspeed})\n")
         row = f.engram_row
         if "vectors" in row:
+            previous = (f", previous segment {fp.fmt_bytes(row['previous_segment'])}" if "previous_segment" in row
+                        else "")
             mem = (f"engram state {f.rows_per_rank} rows x {fp.fmt_bytes(f.engram_bytes / f.rows_per_rank)} = "
                    f"{fp.fmt_bytes(f.engram_bytes)} (C = {row['capacity']} slots: vectors {fp.fmt_bytes(row['vectors'])} "
-                   f"fp32, counts {fp.fmt_bytes(row['counts'])}, previous segment {fp.fmt_bytes(row['previous_segment'])})")
+                   f"fp32, counts {fp.fmt_bytes(row['counts'])}{previous})")
         elif "keys_values" in row:
             mem = f"XL cache {f.rows_per_rank} rows x {fp.fmt_bytes(row['keys_values'])} = {fp.fmt_bytes(f.engram_bytes)}"
         elif len(row) > 1:  # a kind's own state (memory_kind(config).row_bytes)
@@ -272,9 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         if r.done and not a.rerun:
             print(f"skip {r.experiment.id}: finished ({r.run_dir / 'summary.json'}); --rerun to run it again",
                   file=sys.stderr)
-            continue
-        write_record(r, a.table, a.scale, topology)
-        print(f"{r.log}\t{r.command}")
+        else:
+            write_record(r, a.table, a.scale, topology)
+            print(f"{r.log}\t{r.command}")
+        for argv, done in r.evaluations:  # after its training (the launcher stops at a failed one)
+            if not done or a.rerun or not r.done:
+                print(f"{r.log}\t{shlex.join(argv)}")
     return 0
 
 

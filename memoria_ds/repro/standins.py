@@ -10,6 +10,14 @@ these instead, through the *same* loaders with `data.path` (docs/data.md):
                  `num_test_bytes`); only bytes of the 204-symbol vocabulary
     gpt2-tiny    a GPT-2 checkpoint directory (2 layers, 32 wide, random weights) standing
                  in for the pretrained `gpt2` / `gpt2-large` / `gpt2-xl` of Table 5
+    hyperpartisan  a `save_to_disk` DatasetDict of labelled documents in Hyperpartisan's layout after
+                 its preparation (`text`, `label` ClassLabel false/true; train / validation / test):
+                 passages of the book, each told its class by one inserted sentence
+                 (memoria_ds/data/evidence_documents.py)
+    bert-tiny, roberta-tiny, longformer-tiny, bigbird-tiny
+                 classifier checkpoints (2 layers, 32 wide, random weights, with a WordPiece tokenizer
+                 of the book's words) standing in for Table 3's `bert-base-uncased`, `roberta-base`,
+                 `allenai/longformer-base-4096`, `google/bigbird-roberta-base`
 
 The text is the bundled public-domain book (memoria_ds/assets, chapters I-X for training,
 XI for validation, XII for test). A number trained on stand-ins says nothing about the paper.
@@ -20,6 +28,7 @@ XI for validation, XII for test). A number trained on stand-ins says nothing abo
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -29,7 +38,8 @@ from pathlib import Path
 
 from ..data.corpora import BUNDLED_SPLITS, bundled_chapters
 
-KINDS = ("wikitext103", "pg19", "enwik8", "gpt2-tiny")
+KINDS = ("wikitext103", "pg19", "enwik8", "gpt2-tiny", "hyperpartisan", "bert-tiny", "roberta-tiny", "longformer-tiny",
+         "bigbird-tiny")
 _WIKITEXT_NAMES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw", "test": "wiki.test.raw"}
 
 
@@ -78,8 +88,51 @@ def _gpt2_tiny(tmp: Path) -> None:
     GPT2LMHeadModel(config).save_pretrained(str(tmp))
 
 
+def _hyperpartisan(tmp: Path) -> None:
+    import datasets
+
+    from ..data.evidence_documents import CUES, write_evidence_documents
+
+    files = write_evidence_documents(tmp / "jsonl", {"train": 16, "validation": 4, "test": 4}, words=60)
+    label = datasets.ClassLabel(names=["false", "true"])
+
+    def split(path: str) -> datasets.Dataset:
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
+        return datasets.Dataset.from_dict({"text": [r["text"] for r in rows],
+                                           "label": [CUES.index(r["label"]) % 2 for r in rows]},
+                                          features=datasets.Features({"text": datasets.Value("string"), "label": label}))
+
+    datasets.DatasetDict({s: split(paths[0]) for s, paths in files.items()}).save_to_disk(str(tmp))
+    shutil.rmtree(tmp / "jsonl")
+
+
+def _encoder(kind: str) -> Callable[[Path], None]:
+    """A tiny random classifier of Table 3's `kind` with the book's WordPiece tokenizer, saved to a folder."""
+    def write(tmp: Path) -> None:
+        import torch
+        from transformers import (AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BigBirdConfig,
+                                  LongformerConfig, RobertaConfig)
+
+        from ..data.evidence_documents import write_book_tokenizer
+
+        vocab = len(AutoTokenizer.from_pretrained(write_book_tokenizer(tmp)))
+        shape = dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, num_labels=2, pad_token_id=0)
+        config = {"bert-tiny": lambda: BertConfig(max_position_embeddings=128, **shape),
+                  "roberta-tiny": lambda: RobertaConfig(max_position_embeddings=130, type_vocab_size=1, **shape),
+                  "longformer-tiny": lambda: LongformerConfig(max_position_embeddings=130, attention_window=[16, 16],
+                                                              type_vocab_size=1, **shape),
+                  "bigbird-tiny": lambda: BigBirdConfig(max_position_embeddings=128, block_size=4, num_random_blocks=1,
+                                                        **shape)}[kind]()
+        torch.manual_seed(0)
+        AutoModelForSequenceClassification.from_config(config).save_pretrained(str(tmp))
+    return write
+
+
 _WRITERS: dict[str, Callable[[Path], None]] = {"wikitext103": _wikitext, "pg19": _pg19, "enwik8": _enwik8,
-                                               "gpt2-tiny": _gpt2_tiny}
+                                               "gpt2-tiny": _gpt2_tiny, "hyperpartisan": _hyperpartisan,
+                                               **{k: _encoder(k) for k in ("bert-tiny", "roberta-tiny",
+                                                                          "longformer-tiny", "bigbird-tiny")}}
 
 
 def stand_in_path(root: str | os.PathLike, kind: str) -> Path:

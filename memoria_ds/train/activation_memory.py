@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..data import VOCAB_SIZE, enwik8_vocabulary
+from ..memory import MemoriaConfig
 from ..model.composition import memory_kinds
 from ..model import MemoriaGPT2Config
 from ..model.pkm import PKMSettings
@@ -42,16 +43,22 @@ def vocab_size(cfg: RunConfig) -> int:
 
 
 
+def engram_row_bytes(mem: MemoriaConfig, width: int) -> dict[str, int]:
+    """Bytes of one row of the engine's `MemoryState` of `width`-wide engrams."""
+    c = mem.capacity
+    count = torch.tensor([], dtype=getattr(torch, mem.count_dtype)).element_size()
+    return {"vectors": c * width * 4, "counts": c * c * count,
+            "slots": c * (4 + 8 + 1 + 4 + 8),  # sq_norms fp32, digest int64, kind int8, lifespan fp32, uid int64
+            "capacity": c}
+
+
 def engram_bytes_per_row(config: MemoriaGPT2Config, segment_length: int) -> dict[str, int]:
     """Bytes of one memory row of the model (`MemoryState` fields plus the carried context)."""
     d = config.n_embd
     if "memoria" in memory_kinds(config.memory_type):
-        mem = config.memoria_config
-        c = mem.capacity
-        count = torch.tensor([], dtype=getattr(torch, mem.count_dtype)).element_size()
-        return {"vectors": c * d * 4, "counts": c * c * count,
-                "slots": c * (4 + 8 + 1 + 4 + 8),  # sq_norms fp32, digest int64, kind int8, lifespan fp32, uid int64
-                "previous_segment": segment_length * (d * 4 + 1), "capacity": c}
+        row = engram_row_bytes(config.memoria_config, d)
+        capacity = row.pop("capacity")
+        return {**row, "previous_segment": segment_length * (d * 4 + 1), "capacity": capacity}
     kind = memory_kind(config)
     length = kind.cached_slots(segment_length)  # xl, compressive: cached keys/values
     if length:

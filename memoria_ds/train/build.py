@@ -15,6 +15,7 @@ from ..data.labelled import load_labelled_documents
 from ..model import MemoriaGPT2Config, apply_lora, build_model
 from ..model.build import build_config
 from ..model.encoder import apply_encoder_lora, build_encoder_model, encoder_config
+from ..model.encoder.plain import is_plain_classifier, plain_classifier_config
 from ..model.families import family_of_config, family_of_preset
 from . import distributed as dist_utils
 from . import faults
@@ -247,7 +248,10 @@ def run_model_config(cfg: RunConfig, vocab_size: int | None = None) -> MemoriaGP
     Memoria encoder's config (`model.task: classification`)."""
     m = cfg.model
     if m.task == "classification":
-        return encoder_config(_encoder_source(m, vocab_size), m.preset, **m.settings)
+        source = _encoder_source(m, vocab_size)
+        if m.preset == "backbone" and not m.from_scratch and is_plain_classifier(AutoConfig.from_pretrained(source)):
+            return plain_classifier_config(source, **m.settings)  # Longformer, BigBird: HF's own config
+        return encoder_config(source, m.preset, **m.settings)
     backbone, settings = _model_source(cfg, vocab_size)
     return build_config(backbone, cfg.model.preset, **settings)
 

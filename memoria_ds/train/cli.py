@@ -24,6 +24,14 @@ from .sources import check_sources
 from .parse import ConfigError, load
 
 
+# What launch/classify.py adds before the command line's overrides (docs/encoders.md): the task,
+# RoBERTa-base, the paper's segments of 512, and one optimiser step per batch of documents
+# (`optim.bptt_segments` = the default `data.max_segments`, 8: the authors' loop).
+CLASSIFY_OVERRIDES = ["model.task=classification", "data.corpus=documents", "model.backbone=roberta-base",
+                      "data.segment_length=512", "eval.protocols=[full, memoryless]", "data.reset=document_start",
+                      "optim.bptt_segments=8"]
+
+
 def parse(argv: list[str] | None, description: str, base_overrides: list[str]) -> RunConfig:
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__)

@@ -205,7 +205,8 @@ class DataSection(Section):
         files: data files for `corpus: files`, as `{split: [paths]}`.
         text_field: the document column of local files.
         tokenizer: a tokenizer name or path; None: the GPT-2 tokenizer (or, for enwik8,
-            its 204-symbol character vocabulary).
+            its 204-symbol character vocabulary; for a classifier of a pretrained backbone, the
+            backbone's own, resolved into the run's config).
         append_eos: put the tokenizer's end-of-text token after every document (None:
             yes when the tokenizer has one). The authors' runs used no separator: `false`.
         segment_length: tokens per segment (150 in the paper; 512 for enwik8).
@@ -304,7 +305,10 @@ class OptimSection(Section):
     Args:
         lr: peak learning rate (paper: 5e-5 fine-tuning, 2e-4 from scratch).
         weight_decay: AdamW weight decay on matrices (0 = Adam, as the paper).
-        warmup_ratio: linear warm-up over this fraction of the steps, then linear decay to 0.
+        warmup_ratio: linear warm-up over this fraction of the steps, then the `schedule`.
+        schedule: after the warm-up, `linear` (decay to 0 at the last step: the paper's language
+            models) or `constant` (the peak rate to the end: the authors' classification runs, whose
+            Lightning module sets no scheduler without a warm-up rate).
         grad_clip: gradient norm clipping (paper: 1.0); 0 disables it.
         memory_lr_scale: the learning rate of the modules Memoria adds (abstractor, memory
             attentions) as a multiple of `lr` (paper: 1, one rate). Below 1 steadies a
@@ -354,6 +358,7 @@ class OptimSection(Section):
     betas: list[Number] = Field(default_factory=lambda: [0.9, 0.999])
     eps: Number = 1e-8
     warmup_ratio: Number = 0.06
+    schedule: Literal["linear", "constant"] = "linear"
     grad_clip: Number = 1.0
     memory_lr_scale: Number = 1.0
     memory_delay_steps: int = 0
@@ -672,7 +677,10 @@ class RunConfig(Section):
 
 
     def _check_classification(self):
-        """`model.task: classification` on `data.corpus: documents`: what the loop and the evaluation support."""
+        """`model.task: classification` on `data.corpus: documents`: what the loop and the evaluation support.
+        A pretrained backbone reads its own tokenizer's ids unless `data.tokenizer` names another."""
+        if self.data.tokenizer is None and not self.model.from_scratch:
+            self.data.tokenizer = self.model.backbone  # written so in the run's config.yaml
         positions = self.model.settings.get("max_position_embeddings", 512)
         if self.model.from_scratch and self.data.segment_length > positions - 2:  # RoBERTa's positions start at 2
             raise ValueError(f"`data.segment_length` ({self.data.segment_length}) needs max_position_embeddings of at "

@@ -148,6 +148,7 @@ def load_model(source: str, device, precision: str, *, verified: bool = False):
     from ..model import MemoriaGPT2LMHeadModel
     from ..model.encoder.config import EncoderMemoryFields
     from ..model.encoder.modeling import MODEL_FOR_CONFIG
+    from ..model.encoder.plain import PLAIN_CLASSIFIERS
     from ..model.families import family_of_config
 
     dtype = torch.bfloat16 if device.type == "cuda" and precision == "bf16" else torch.float32
@@ -160,6 +161,8 @@ def load_model(source: str, device, precision: str, *, verified: bool = False):
     saved = AutoConfig.from_pretrained(source)
     if isinstance(saved, EncoderMemoryFields):  # a Memoria BERT / RoBERTa classifier
         return MODEL_FOR_CONFIG[type(saved)].from_pretrained(source, dtype=dtype).to(device).eval()
+    if saved.model_type in PLAIN_CLASSIFIERS:  # a Longformer / BigBird classifier (no memory)
+        return PLAIN_CLASSIFIERS[saved.model_type].from_pretrained(source, dtype=dtype).to(device).eval()
     family = family_of_config(saved)  # a Memory Mosaic, a MemSizer: Contract 2 as it is
     if family is not None:
         return family.model_class.from_pretrained(source, dtype=dtype).to(device).eval()

@@ -236,7 +236,8 @@ def _build(cfg: RunConfig, info: DistInfo, lock: RunLock) -> tuple[RunContext, R
     config = unwrap(engine.module).config
     ctx = RunContext(cfg=cfg, info=info, lock=lock, precision=precision, corpora=corpora,
                      vocab_size=vocab_size, total_steps=total_steps, update_steps=update_steps,
-                     memoria_config=(config.memoria_config if classify or "memoria" in memory_kinds(config.memory_type)
+                     memoria_config=(getattr(config, "memoria_config", None) if classify  # (none: Longformer, BigBird)
+                                     else config.memoria_config if "memoria" in memory_kinds(config.memory_type)
                                      else None),
                      resumed=resumed)
     state = RunState.fresh(engine, streams, cfg.optim.grad_accum, info.device)

@@ -153,3 +153,50 @@ def test_the_memory_gain_stands_beside_a_run_scored_without_its_memory(tmp_path)
     assert float(table[("Memoria GPT-2", column, "paper")]["memory_gain"]) == pytest.approx(gain, rel=1e-5)
     assert table[("GPT-2", column, "full")]["memory_gain"] == ""
     assert table[("Transformer-XL", column, "full")]["memory_gain"] == ""  # memoryless of another step: no gain
+
+
+def classification(value: float, split: str, memoryless: bool = False) -> EvalResult:
+    """A classifier's result of 100 documents with accuracy `value` (its macro-F1 given as accuracy - 0.01)."""
+    correct = round(100 * value)
+    return EvalResult.from_sums(
+        nll_sum=30.0, scored_tokens=100, correct=correct, model="m", split=split, world_size=1, steps=8,
+        input_tokens=4096, data={"corpus": "documents", "num_documents": 100},
+        protocol={"name": "memoryless" if memoryless else "full", "segment_length": 512, "num_streams": 8,
+                  "max_segments": 8, "memoryless": memoryless, "aggregate": "last"},
+        macro_f1=value - 0.01)
+
+
+def test_table3_averages_the_seeds_and_reads_the_test_evaluation(tmp_path):
+    """A seeded cell: the mean of the seeds' numbers ± their sample sd, (n of 5); validation from the
+    training's final evaluation, test from the evaluate command's file; the mean memory gain."""
+    root = tmp_path / "runs"
+    accuracies = {42: (0.80, 0.90), 43: (0.84, 0.94)}  # seed -> (validation, test), with the memory
+    for seed, (val, test) in accuracies.items():
+        run_dir = make_run(root, f"classify/hyperpartisan-memoria_roberta/seed{seed}", {})
+        classification(val, "validation").save(run_dir / "eval" / "step_00001300_classification_full.json")
+        classification(val - 0.1, "validation", True).save(
+            run_dir / "eval" / "step_00001300_classification_memoryless.json")
+        classification(test, "test").save(run_dir / "eval" / "test_classification_full.json")
+        classification(test - 0.2, "test", True).save(run_dir / "eval" / "test_classification_memoryless.json")
+    # a run launched without the record is still found, by its configuration and seed
+    (root / "classify/hyperpartisan-memoria_roberta/seed43/repro.json").unlink()
+    assert read_run(root / "classify/hyperpartisan-memoria_roberta/seed43").experiment == \
+        "classify/hyperpartisan-memoria_roberta/seed43"
+
+    info = collect([root], tmp_path / "out", ["table3"])
+    md = Path(info["markdown"]).read_text()
+    line = {(r.split(" | ")[0].lstrip("| "), r.split(" | ")[1]): r.split(" | ") for r in md.splitlines()
+            if r.startswith("| Memoria RoBERTa")}
+    assert line[("Memoria RoBERTa [512]", "Validation Acc")][2:5] == ["87.19 ± 0.01", "82.00 ± 2.83 (2 of 5)",
+                                                                      "72.00 ± 2.83 (2 of 5)"]
+    assert line[("Memoria RoBERTa [512]", "Test Acc")][3] == "92.00 ± 2.83 (2 of 5)"
+    assert line[("Memoria RoBERTa [512]", "Test F1")][3] == "91.00 ± 2.83 (2 of 5)"
+    assert line[("Memoria RoBERTa [512]", "Test Acc")][5] == "+20.00 points (mean)"
+    assert line[("Memoria RoBERTa [512]", "Validation F1")][6].startswith("2 of 5 seeds run")
+    assert "| BERT [512] | Test F1 | 91.67 ± 0.01 | - | - | - | 0 of 5 seeds run |" in md
+    lines = rows(Path(info["csv"]).read_text())
+    test_acc = [r for r in lines if r["row"] == "Memoria RoBERTa [512]" and r["column"] == "Test Acc"
+                and r["protocol"] == "classification_full"]
+    assert sorted((r["experiment"], r["ours"], r["split"]) for r in test_acc) == [
+        ("classify/hyperpartisan-memoria_roberta/seed42", "90", "test"),
+        ("classify/hyperpartisan-memoria_roberta/seed43", "94", "test")]

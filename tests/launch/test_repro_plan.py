@@ -53,7 +53,10 @@ def test_tables_hold_the_papers_numbers():
     # Table 7's "+ Long-term Memory" at 4-32 segments is Table 4's Memoria run: trained once
     t7 = {c.column: c.experiment for c in TABLES["table7"].cells if c.row == "+ Long-term Memory"}
     assert t7["4 segments of 1024"] == "sorting/L1024-n4-memoria" in TABLES["table4"].experiment_ids()
-    assert {len(TABLES[t].experiment_ids()) for t in TABLES} == {6, 15, 5, 48, 20}
+    assert {len(TABLES[t].experiment_ids()) for t in TABLES} == {6, 15, 5, 30, 48, 20}
+    t3 = {(c.row, c.column): (c.paper, c.paper_std, c.split, c.metric) for c in TABLES["table3"].cells}
+    assert t3[("Memoria RoBERTa [512]", "Test F1")] == (96.51, 0.02, "test", "f1")
+    assert t3[("Longformer [4096]", "Validation Acc")] == (78.33 + 1.36, 0.03, "validation", "accuracy")
     assert all(c.experiment is not None for t in ("table1", "table2", "table4") for c in TABLES[t].cells)
 
 
@@ -413,3 +416,71 @@ def test_the_estimates_table_counts_every_run_the_planner_prints():
     both = set(TABLES["table4"].experiment_ids()) & set(TABLES["table7"].experiment_ids())
     assert shared == (len(both), round(sum(hours[i] for i in both)))
     assert total == (round(sum(hours.values())), len(hours))
+
+
+# ------------------------------------------------------------------------------ Table 3
+
+def test_table3_runs_have_the_authors_settings():
+    cfgs = {i: load(RunConfig, e.config, [*ENTRY_BASE_OVERRIDES[e.entry_point], *e.overrides])
+            for i, e in EXPERIMENTS.items() if i.startswith("classify/")}
+    assert len(cfgs) == 30 and TABLES["table3"].experiment_ids() == list(cfgs)  # 6 models x 5 seeds
+    mem = cfgs["classify/hyperpartisan-memoria_roberta/seed44"]
+    assert (mem.model.backbone, mem.model.preset, mem.seed, mem.data.path) == \
+        ("roberta-base", "memoria_authors", 44, "hyperpartisan")
+    assert (mem.data.segment_length, mem.data.max_segments, mem.optim.bptt_segments) == (512, 8, 8)
+    assert (mem.optim.lr, mem.optim.warmup_ratio, mem.optim.schedule, mem.optim.grad_clip, mem.optim.epochs,
+            mem.optim.micro_batch_size, mem.optim.weight_decay) == (3e-5, 0.0, "constant", 0.0, 20, 8, 0.0)
+    assert mem.data.tokenizer == "roberta-base"  # a pretrained classifier reads its own tokenizer's ids
+    assert (mem.eval.split, mem.eval.protocols) == ("validation", ["full", "memoryless"])
+    long = cfgs["classify/hyperpartisan-longformer/seed42"]
+    assert (long.model.backbone, long.model.preset, long.data.segment_length, long.data.max_segments,
+            long.optim.bptt_segments) == ("allenai/longformer-base-4096", "backbone", 4096, 1, 1)
+    bert = cfgs["classify/hyperpartisan-bert/seed46"]
+    assert (bert.model.backbone, bert.data.segment_length, bert.data.max_segments) == ("bert-base-uncased", 512, 1)
+    assert all(EXPERIMENTS[i].eval_splits == ("test",) for i in cfgs)
+    assert [e.id for e in select("table3", {"model": ["bigbird"], "seed": ["43"]})] == \
+        ["classify/hyperpartisan-bigbird/seed43"]
+
+
+def test_table3_dry_run_on_two_nodes_of_four(hostfile):
+    """The whole table resolves on 2 x 4 GPUs: one document per rank, the test evaluation after each run,
+    steps from Hyperpartisan's 516 training articles, and a cost for every run."""
+    code, report = plan("--table", "table3", "--topology", "multinode", "--hostfile", str(hostfile))
+    assert code == 0, report
+    assert len(printed_commands(report)) == 30
+    thens = [line for line in report.splitlines() if line.startswith("  then      ")]
+    assert len(thens) == 30 and all(line.endswith("eval.split=test") and "launch/evaluate.py" in line for line in thens)
+    assert report.count("8 streams (memory rows) = 8 ranks x 1 (micro-batch 1 x accumulation 1)") == 30
+    assert "20 epochs x 65 = 1,300 optimiser steps" in report  # ceil(516 / 8) batches, one step each
+    assert "Hyperpartisan, Longformer's splits" in report
+    mem = report.split("classify/hyperpartisan-memoria_roberta/seed42", 1)[1]
+    assert "memory modules 0" not in mem.split("\n\n")[0] and "engram state 1 rows x" in mem
+    assert "30 runs," in report.splitlines()[-1] and "GPU-hours in all" in report.splitlines()[-1]
+
+
+def test_encoder_parameters_and_engrams_match_the_real_models():
+    """The planner's counts are the built models' (meta device) for a Memoria encoder and Longformer."""
+    from transformers import LongformerConfig
+
+    from memoria_ds.model.encoder import build_encoder_model
+    from memoria_ds.model.encoder.config import encoder_config
+    from memoria_ds.model.encoder.memory import EncoderMemory
+    from memoria_ds.repro import encoder_estimates as enc
+    from transformers import BertConfig
+
+    small = dict(vocab_size=100, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64,
+                 num_labels=2)
+    config = encoder_config(BertConfig(**small), "memoria_authors", memoria={"num_wm": 4, "num_stm_reminded": 4,
+                                                                              "num_ltm_reminded": 4, "stm_capacity": 8})
+    model = build_encoder_model(config)
+    counts = enc.count_parameters(config)
+    assert counts["total"] == sum(p.numel() for p in model.parameters())
+    assert counts["memory"] == sum(p.numel() for m in model.memory_modules() for p in m.parameters()) > 0
+    state = EncoderMemory.empty(config.memoria_config, 1, 32).state
+    row = enc.engram_row(config)
+    assert row["vectors"] == state.vectors.numel() * 4 and row["capacity"] == config.memoria_config.capacity
+    plain = LongformerConfig(max_position_embeddings=66, attention_window=[8] * 4, **small)
+    assert enc.count_parameters(plain)["total"] == sum(p.numel() for p in build_encoder_model(plain, "backbone")
+                                                       .parameters())
+    assert enc.attended_keys(plain, 64) == 9 and enc.attended_keys(config, 64) == 64
+    assert enc.engram_row(plain) == {"capacity": 0}

@@ -82,10 +82,36 @@ def test_table7_smoke_runs_the_ablation(tmp_path):
     assert [r.experiment for r in map(read_run, find_runs([tmp_path]))] == ["sorting/L1024-n4-memoria_wm_stm"]
 
 
+def test_table3_smoke_classifies_then_scores_the_test_split(tmp_path):
+    """Memoria RoBERTa (segments, the memory) and Longformer (one long sequence, HF's class) through the
+    launcher: trained, evaluated on validation, then on test by the evaluate command; run again, both
+    are skipped as done."""
+    out = smoke("table3", tmp_path, "--models", "memoria_roberta,longformer", "--seeds", "43")
+    for model in ("memoria_roberta", "longformer"):
+        run_dir = tmp_path / "classify" / f"hyperpartisan-{model}" / "seed43"
+        check_finished_run(run_dir, ("classification_full", "classification_memoryless"))
+        test = json.loads((run_dir / "eval" / "test_classification_full.json").read_text())
+        assert test["split"] == "test" and test["macro_f1"] is not None
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert cfg["seed"] == 43 and cfg["data"]["path"].endswith("standins/hyperpartisan")
+    export = json.loads((tmp_path / "classify/hyperpartisan-longformer/seed43/export/config.json").read_text())
+    assert export["model_type"] == "longformer"  # a plain HF checkpoint
+    assert out.count("launch/evaluate.py") == 2
+    again = smoke("table3", tmp_path, "--models", "memoria_roberta,longformer", "--seeds", "43")
+    assert again.count("skip classify/") == 2 and "launch/evaluate.py" not in again
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("table", sorted(TABLES))
 def test_every_smoke_entry(table, tmp_path):
-    smoke(table, tmp_path)
+    seeded = table == "table3"  # one seed of each model: the others differ by `seed=` alone
+    smoke(table, tmp_path, *(("--seeds", "42") if seeded else ()))
     for eid in TABLES[table].experiment_ids():
-        protocols = ("sorting",) if eid.startswith("sorting/") else ("paper", "full")
+        if seeded and not eid.endswith("/seed42"):
+            continue
+        protocols = (("sorting",) if eid.startswith("sorting/") else
+                     ("classification_full", "classification_memoryless") if eid.startswith("classify/") else
+                     ("paper", "full"))
         check_finished_run(tmp_path / eid, protocols)
+        if eid.startswith("classify/"):  # then scored on the test split by the evaluate command
+            assert (tmp_path / eid / "eval" / "test_classification_full.json").is_file()

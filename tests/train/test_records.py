@@ -107,6 +107,27 @@ def test_the_delayed_schedule_by_hand():
     assert [delayed_warmup_decay(30, 0.2, 0)(s) for s in range(30)] == [plain(s) for s in range(30)]
 
 
+def test_the_constant_schedule_by_hand():
+    """`optim.schedule: constant` (the authors' classification runs): the warm-up, then the peak to the end;
+    with a delay, 0 first; `linear` is unchanged."""
+    from memoria_ds.train.config import OptimSection
+    from memoria_ds.train.engine import delayed_warmup_decay, linear_warmup_decay
+
+    assert [linear_warmup_decay(10, 0.2, "constant")(s) for s in range(10)] == [0.5] + [1.0] * 9
+    assert [linear_warmup_decay(5, 0.0, "constant")(s) for s in range(5)] == [1.0] * 5
+    assert [delayed_warmup_decay(6, 0.0, 2, "constant")(s) for s in range(6)] == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    assert linear_warmup_decay(10, 0.0)(5) == 0.5 and OptimSection().schedule == "linear"
+    from torch import nn
+
+    from memoria_ds.train.engine import group_schedules  # what the engines' LambdaLR is given
+
+    constant = OptimSection(schedule="constant", warmup_ratio=0.0)
+    assert [f(9) for f in group_schedules(nn.Linear(2, 2), constant, 10)] == [1.0, 1.0]
+    assert [f(9) for f in group_schedules(nn.Linear(2, 2), OptimSection(warmup_ratio=0.0), 10)] == [0.1, 0.1]
+    with pytest.raises(ValueError):
+        OptimSection(schedule="cosine")
+
+
 def test_the_delay_is_capped_at_half_the_run():
     """`capped_memory_delay`: a delay longer than half the run's updates is cut to half (rounded
     down), so a short run of a preset with a long delay trains; the quickstart's 40 of 138 is

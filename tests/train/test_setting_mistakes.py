@@ -220,6 +220,15 @@ CONFIGS = [*ROOT.glob("launch/configs/*.yaml"), *ROOT.glob("launch/repro/configs
 
 @pytest.mark.parametrize("path", sorted(p.relative_to(ROOT).as_posix() for p in CONFIGS))
 def test_the_repositorys_configs_pass(path, tmp_path):
+    if load(RunConfig, ROOT / path).model.task == "classification":  # an encoder: settings checked as parsed
+        from transformers import RobertaConfig
+
+        from memoria_ds.train.build import run_model_config
+
+        RobertaConfig().save_pretrained(tmp_path)  # a pretrained RoBERTa: its config from a local copy
+        cfg = load(RunConfig, ROOT / path, [f"model.backbone={tmp_path}"])
+        assert run_model_config(cfg).model_type == "memoria_roberta" and cfg.data.tokenizer == str(tmp_path)
+        return
     overrides = []
     if not load(RunConfig, ROOT / path).model.from_scratch:  # a pretrained GPT-2: its config from a local copy
         GPT2Config().save_pretrained(tmp_path)

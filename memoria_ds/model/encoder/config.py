@@ -215,8 +215,10 @@ def encoder_config(backbone: PretrainedConfig | str | os.PathLike, preset: str |
         return type(backbone)(**{**saved, **values, "memoria": memoria})
     config_class = CONFIG_FOR_BACKBONE.get(backbone.model_type)
     if config_class is None:
+        plain = " (Longformer and BigBird are read without memory: preset `backbone`)" \
+            if backbone.model_type in ("longformer", "big_bird") else ""
         raise ValueError(f"the backbone is a {backbone.model_type!r} model; Memoria encoders wrap "
-                         f"{sorted(CONFIG_FOR_BACKBONE)} (BERT, RoBERTa)")
+                         f"{sorted(CONFIG_FOR_BACKBONE)} (BERT, RoBERTa){plain}")
     base = {k: v for k, v in backbone.to_dict().items() if k not in _NOT_ARCHITECTURE}
     if "num_labels" in values or "id2label" in values:  # the labels given, not the checkpoint's
         base = {k: v for k, v in base.items() if k not in ("id2label", "label2id")}

@@ -21,25 +21,28 @@ from torch import nn
 from ..config import OptimSection
 
 
-def linear_warmup_decay(total_steps: int, warmup_ratio: float):
-    """LR multiplier: linear warm-up over `warmup_ratio * total_steps`, then linear decay to 0."""
+def linear_warmup_decay(total_steps: int, warmup_ratio: float, schedule: str = "linear"):
+    """LR multiplier: linear warm-up over `warmup_ratio * total_steps`, then linear decay to 0
+    (`schedule="linear"`) or the peak to the end (`"constant"`)."""
     warmup = max(1, int(math.ceil(warmup_ratio * total_steps))) if warmup_ratio > 0 else 0
 
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
 
     return factor
 
 
-def delayed_warmup_decay(total_steps: int, warmup_ratio: float, delay: int):
+def delayed_warmup_decay(total_steps: int, warmup_ratio: float, delay: int, schedule: str = "linear"):
     """LR multiplier of modules that start learning late: 0 for the first `delay` updates, then
-    `linear_warmup_decay` over the remaining `total_steps - delay` (its own warm-up, then
-    decay to 0 at `total_steps`, with the rest). `delay` 0 is `linear_warmup_decay`."""
+    `linear_warmup_decay` over the remaining `total_steps - delay` (its own warm-up, then the
+    schedule to `total_steps`, with the rest). `delay` 0 is `linear_warmup_decay`."""
     if delay <= 0:
-        return linear_warmup_decay(total_steps, warmup_ratio)
-    late = linear_warmup_decay(max(1, total_steps - delay), warmup_ratio)
+        return linear_warmup_decay(total_steps, warmup_ratio, schedule)
+    late = linear_warmup_decay(max(1, total_steps - delay), warmup_ratio, schedule)
 
     def factor(step: int) -> float:
         return 0.0 if step < delay else late(step - delay)
@@ -115,14 +118,14 @@ def constant_after(delay: int):
 
 def group_schedules(model: nn.Module, optim: OptimSection, total_steps: int) -> list:
     """The LR multiplier of each optimizer group (`group_layout`'s order): the backbone's
-    `linear_warmup_decay`; the memory modules' delayed by `optim.memory_delay_steps`, capped
+    `linear_warmup_decay` (with `optim.schedule`); the memory modules' delayed by `optim.memory_delay_steps`, capped
     at a fraction of the run (`capped_memory_delay`); the PKM values' constant after that delay.
     The groups themselves follow the configured delay, so a capped run's checkpoints have the
     layout of an uncapped one."""
     layout = group_layout(model, optim.memory_lr_scale, optim.memory_delay_steps, optim.pkm_value_lr)
     delay = capped_memory_delay(optim.memory_delay_steps, total_steps)
     return [constant_after(delay) if kind.values else
-            delayed_warmup_decay(total_steps, optim.warmup_ratio, delay if kind.memory else 0)
+            delayed_warmup_decay(total_steps, optim.warmup_ratio, delay if kind.memory else 0, optim.schedule)
             for kind in layout]  # fmt: skip
 
 
