@@ -404,6 +404,38 @@ class OptimSection(Section):
         return self
 
 
+class EpisodicSection(Section):
+    """MbPA++'s episodic memory for a classifier (de Masson d'Autume et al. 2019; `memoria_ds/episodic`).
+
+    Every document the training reads is written (with probability `write_prob`) into this rank's
+    episodic memory, keyed by a frozen copy of the classifier's encoder as the run built it (the
+    pretrained backbone, before any update: the paper's separate frozen key network). Once per
+    `replay_every` documents read over all ranks, one extra optimiser update on `replay_size`
+    documents drawn from the memories (each rank `replay_size / ranks` from its own) follows the step:
+    sparse experience replay. The memory and the schedule are part of every checkpoint.
+
+    Args:
+        enabled: keep the episodic memory and replay from it.
+        write_prob: the chance each document is written (the paper: 1; 0.5 and 0.1 cost little).
+        replay_every: documents read between replays (the paper: 10,000).
+        replay_size: documents per replay update, over all ranks (the paper: 100).
+    """
+
+    enabled: bool = False
+    write_prob: Number = 1.0
+    replay_every: int = 10_000
+    replay_size: int = 100
+
+    @model_validator(mode="after")
+    def check(self):
+        if not 0 < self.write_prob <= 1:
+            raise ValueError(f"`episodic.write_prob` ({self.write_prob}) must be in (0, 1] (the paper: 1)")
+        if self.replay_every < 1 or self.replay_size < 1:
+            raise ValueError("`episodic.replay_every` and `episodic.replay_size` must be at least 1 (the paper: "
+                             "10000 and 100)")
+        return self
+
+
 class CheckpointSection(Section):
     """When and what to save.
 
@@ -623,9 +655,13 @@ class RunConfig(Section):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     log: LogSection = Field(default_factory=LogSection)
     eval: EvalSection = Field(default_factory=EvalSection)
+    episodic: EpisodicSection = Field(default_factory=EpisodicSection)
 
     @model_validator(mode="after")
     def check(self):
+        if self.episodic.enabled and self.model.task != "classification":
+            raise ValueError("`episodic.enabled` (MbPA++) keeps labelled documents: it needs `model.task: "
+                             "classification` with `data.corpus: documents`")
         if (self.model.task == "classification") != (self.data.corpus == "documents"):
             raise ValueError("`model.task: classification` reads labelled documents and only them: set both "
                              "`model.task: classification` and `data.corpus: documents`, or neither")
@@ -685,6 +721,10 @@ class RunConfig(Section):
         if self.model.from_scratch and self.data.segment_length > positions - 2:  # RoBERTa's positions start at 2
             raise ValueError(f"`data.segment_length` ({self.data.segment_length}) needs max_position_embeddings of at "
                              f"least {self.data.segment_length + 2}; set `model.settings.max_position_embeddings`")
+        if self.episodic.enabled and (self.data.max_segments != 1 or self.optim.bptt_segments != 1):
+            raise ValueError(f"`episodic.enabled` stores each document as one example: set `data.max_segments=1` "
+                             f"and `optim.bptt_segments=1` (got {self.data.max_segments} and "
+                             f"{self.optim.bptt_segments}; launch/classify.py sets 8 for the segmented encoders)")
         if self.optim.bptt_recompute:
             raise ValueError("`optim.bptt_recompute` replays a memory that carries gradients; an encoder's memory "
                              "carries none (each segment learns within itself): set `optim.bptt_recompute=false`")

@@ -159,6 +159,8 @@ def _steps(ctx: RunContext, state: RunState, writer: MetricsWriter, window: _Win
                     state.discard[j] = torch.zeros_like(state.discard[j])
                     window.tokens += micro.attention_mask.sum()
                     continue
+                if state.episodic is not None:  # MbPA++: the documents read are written to the episodic memory
+                    state.episodic.observe(micro.input_ids, micro.attention_mask, micro.labels)
                 loss = out.loss
                 if j == 0 and k == 0 and info.rank == 0 and faults.active("nan_loss", step + 1):
                     loss = loss * float("nan")
@@ -176,6 +178,8 @@ def _steps(ctx: RunContext, state: RunState, writer: MetricsWriter, window: _Win
             window.last_step_applied = state.engine.step()
             dist_utils.average_running_statistics(state.engine.module)  # the PKM layers' query batch norms
             window.skipped_steps += not window.last_step_applied
+            for _ in range(state.episodic.due(ctx.num_streams) if state.episodic is not None else 0):
+                _replay(ctx, state)
         done = step + 1
         writer.advance()
         logged = done % cfg.log.every == 0 or done == ctx.total_steps
@@ -195,6 +199,23 @@ def _steps(ctx: RunContext, state: RunState, writer: MetricsWriter, window: _Win
         if done != ctx.total_steps and stop.agreed():
             _stop_on_request(ctx, state, writer, done, window, step_stats, stop, saved=saved, logged=logged)
     return last_loss
+
+
+def _replay(ctx: RunContext, state: RunState) -> None:
+    """MbPA++'s sparse experience replay: one optimiser update on documents drawn from every rank's episodic
+    memory, as `grad_accum` micro-batches (each read alone: no recurrent memory carried). A rank whose
+    memory holds too few for a micro-batch takes part with a one-token row that has no label (a zero loss),
+    so every rank reaches the same collectives."""
+    for part in state.episodic.replay_batches(ctx.accum, ctx.device):
+        if part is None:
+            ids = torch.zeros((1, 1), dtype=torch.long, device=ctx.device)
+            inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                      "labels": torch.full((1,), -100, dtype=torch.long, device=ctx.device)}
+        else:
+            inputs = part.model_inputs()
+        out = state.engine(**inputs, memory=None, reset=None)
+        state.engine.backward(guard_loss(out.loss, (inputs["labels"] != -100).sum())[0])
+    state.engine.step()
 
 
 def _forward(engine: Any, micro: Any, memory: Any, reset: torch.Tensor, labels: torch.Tensor | None,
@@ -314,6 +335,8 @@ def _log_window(ctx: RunContext, state: RunState, writer: MetricsWriter, step: i
               "tok/s": tokens / elapsed, "lr": state.engine.lr(), "skipped_micro_batches": skipped,
               "skipped_steps": skipped_steps,
               "epoch": (step - 1) * ctx.cfg.optim.bptt_segments // state.streams.steps_per_epoch}
+    if state.episodic is not None:
+        values.update(state.episodic.scalars())  # rank 0's
     norm = state.engine.grad_norm() if w.last_step_applied else None  # a skipped step has none
     if norm is not None:
         values["grad_norm"] = norm

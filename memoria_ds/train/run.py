@@ -23,6 +23,7 @@ from .build import run_label_names, unwrap
 from .config import RunConfig
 from .distributed import DistInfo
 from .engine import DeepSpeedEngine, TrainEngine, versions
+from .episodic import EpisodicTraining
 from .health import check_before_save
 from .parse import to_dict
 from .run_lock import RunLock
@@ -96,6 +97,7 @@ class RunState:
         discard: per slot, a device flag: its last loss was not finite, so its memory rows
             start fresh at the next step (OR-ed into the reset mask: no host sync).
         step: steps done.
+        episodic: this rank's MbPA++ episodic memory and replay schedule (`episodic.enabled`), or None.
     """
 
     engine: TrainEngine
@@ -104,6 +106,7 @@ class RunState:
     memories: list[Any]
     discard: list[torch.Tensor]
     step: int = 0
+    episodic: EpisodicTraining | None = None
 
     @property
     def model(self) -> torch.nn.Module:
@@ -111,9 +114,10 @@ class RunState:
 
     @classmethod
     def fresh(cls, engine: TrainEngine, streams: TokenStreams | ExampleStreams, slots: int,
-              device: torch.device) -> RunState:
+              device: torch.device, episodic: EpisodicTraining | None = None) -> RunState:
         no = torch.zeros((), dtype=torch.bool, device=device)
-        return cls(engine, streams, [int(s) for s in streams.stream_ids], [None] * slots, [no] * slots)
+        return cls(engine, streams, [int(s) for s in streams.stream_ids], [None] * slots, [no] * slots,
+                   episodic=episodic)
 
     def save(self, ctx: RunContext, step: int) -> Path:
         """Checkpoint the engine and this rank's shard at `step` (every rank calls)."""
@@ -127,7 +131,8 @@ class RunState:
         check_before_save(step, self.model, self.memories, device=ctx.device, checkpoints=root,
                           last_good=good[-1] if good else None, max_memory=cfg.checkpoint.max_abs,
                           max_weight=cfg.checkpoint.max_weight_growth * max(1.0, ctx.weights_at_start))
-        shard = make_shard(self.stream_ids, self.memories, self.streams.state_dict(), step, ctx.micro)
+        shard = make_shard(self.stream_ids, self.memories, self.streams.state_dict(), step, ctx.micro,
+                           episodic=self.episodic.state_dict() if self.episodic is not None else None)
         meta = {"fingerprint": fingerprint(cfg), "config": to_dict(cfg), "versions": versions(),
                 "engine": cfg.engine, "precision": ctx.precision,
                 "zero_stage": getattr(self.engine, "zero_stage", None), "lora": ctx.lora,
@@ -143,6 +148,9 @@ class RunState:
         note = describe_resume(ckpt, info.world_size)
         if same:
             tag = "engine"
+        elif self.episodic is not None:
+            raise CheckpointError(f"checkpoint {ckpt.path} holds an episodic memory sharded over {ckpt.world_size} "
+                                  f"ranks (each rank's own documents): resume it on {ckpt.world_size} ranks")
         elif not isinstance(self.engine, DeepSpeedEngine):
             raise CheckpointError("a world-size change needs the DeepSpeed engine")
         else:
@@ -161,6 +169,8 @@ class RunState:
             self.streams.load_state_dict(mine["streams"])
             self.memories = restore_memories(shards, self.stream_ids, ctx.micro, ctx.device, ctx.memoria_config,
                                              model_config=unwrap(self.model).config)
+            if self.episodic is not None:
+                self.episodic.load(mine.get("episodic"))
         except (ValueError, KeyError, TypeError) as e:  # a shard that does not fit this run's streams or model
             raise CheckpointError(f"checkpoint {ckpt.path} cannot be resumed by this run: {e}") from None
         if same:

@@ -39,6 +39,7 @@ from .engine import (DeepSpeedEngine, TorchEngine, TrainEngine, capped_memory_de
 from .health import weights_magnitude
 from .parse import ConfigError, dump
 from .preflight import check_datastore, check_run
+from .episodic import EpisodicTraining, replays_in_run
 from .run import RunContext, RunState, rank0_print
 from .run_lock import RunDirInUse, RunLock
 
@@ -230,6 +231,18 @@ def _build(cfg: RunConfig, info: DistInfo, lock: RunLock) -> tuple[RunContext, R
     elif (delay := capped_memory_delay(cfg.optim.memory_delay_steps, update_steps)) != cfg.optim.memory_delay_steps:
         log(f"note: optim.memory_delay_steps ({cfg.optim.memory_delay_steps}) capped at {delay}, at most half of "
             f"this run's {update_steps} optimizer updates: the memory modules learn from update {delay + 1} on")
+    episodic = None
+    if cfg.episodic.enabled:  # MbPA++: its key network is the classifier's encoder as built, before any update
+        seed_everything(cfg.seed)  # the same initial weights as the model's (a from-scratch backbone too)
+        key_model = build_run_model(cfg, vocab_size, corpora["train"].label_names)  # whole, also under ZeRO-3
+        try:
+            episodic = EpisodicTraining.build(cfg.episodic, key_model, pad_token_id=corpora["train"].pad_id,
+                                              rank=info.rank, world_size=info.world_size, seed=cfg.seed,
+                                              device=info.device)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        del key_model
+        update_steps += replays_in_run(cfg.episodic, num_streams, total_steps)  # each replay is one more update
     if cfg.model.compile is not None:  # in place: the same module, parameter names and state_dict
         model.compile(mode=cfg.model.compile, dynamic=False)
     engine = _engine(cfg, info, model, ds_config, precision, update_steps)
@@ -240,7 +253,7 @@ def _build(cfg: RunConfig, info: DistInfo, lock: RunLock) -> tuple[RunContext, R
                                      else config.memoria_config if "memoria" in memory_kinds(config.memory_type)
                                      else None),
                      resumed=resumed)
-    state = RunState.fresh(engine, streams, cfg.optim.grad_accum, info.device)
+    state = RunState.fresh(engine, streams, cfg.optim.grad_accum, info.device, episodic)
     seed_everything(cfg.seed + 1000 * (info.rank + 1))  # dropout streams differ per rank
     if resumed is not None:
         try:

@@ -50,9 +50,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def make_shard(stream_ids: list[int], memories: list[Any], streams_state: dict[str, Any], step: int,
-               micro_batch_size: int) -> dict[str, Any]:
-    """This rank's checkpoint shard (memories: one per micro-batch slot, None if never used)."""
-    return {
+               micro_batch_size: int, episodic: dict[str, Any] | None = None) -> dict[str, Any]:
+    """This rank's checkpoint shard (memories: one per micro-batch slot, None if never used; `episodic`:
+    this rank's MbPA++ state, `EpisodicTraining.state_dict()`, when the run keeps one)."""
+    shard = {
         "stream_ids": list(stream_ids),
         "micro_batch_size": micro_batch_size,
         "memory": [None if m is None else m.state_dict() for m in memories],
@@ -60,6 +61,9 @@ def make_shard(stream_ids: list[int], memories: list[Any], streams_state: dict[s
         "rng": rng_state(),
         "step": step,
     }
+    if episodic is not None:
+        shard["episodic"] = episodic
+    return shard
 
 
 def check_shard(shard: Any, rank: int, model_config: Any = None) -> None:

@@ -1,0 +1,138 @@
+"""MbPA++ in the training loop: writes, sparse replay and the checkpointed state (`episodic.*`).
+
+`EpisodicTraining` is one rank's share of the episodic memory (`memoria_ds.episodic`) and what the
+loop does with it:
+
+    observe(micro)            after a micro-batch: its documents (labelled rows) written, keyed by the
+                              frozen key encoder, each with probability `write_prob`
+    due(documents)            after an optimiser step: the replays that step made due (the schedule
+                              counts the documents read over all ranks: every rank agrees, no collective)
+    replay_batches(parts)     one replay: `replay_size / ranks` documents of this rank's memory, split into
+                              the `grad_accum` micro-batches of one optimiser update
+    state_dict() / load()     the memory, the schedule, the draw generator: part of this rank's shard
+
+The key encoder is the encoder of a second copy of the classifier, built as the run built its model
+(same seed, same checkpoint): the pretrained backbone before any update, frozen, whole on every rank
+(also under ZeRO-3), as the paper's separate key network. A resumed run builds it the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..episodic import EpisodicMemory, KeyEncoder, MemoryBatch, ReplaySchedule, sample, write
+from .config import EpisodicSection
+
+FORMAT = 1
+
+
+@dataclass
+class EpisodicTraining:
+    """One rank's episodic memory and replay schedule.
+
+    Attributes:
+        keys: the frozen key encoder.
+        memory: this rank's examples.
+        schedule: documents read (over all ranks) and the replay rate.
+        local_replay: documents this rank contributes to one replay.
+        write_prob: the chance each document is written.
+        generator: the draws of writes and replays (its state is checkpointed).
+        replays: replay updates made so far.
+    """
+
+    keys: KeyEncoder
+    memory: EpisodicMemory
+    schedule: ReplaySchedule
+    local_replay: int
+    write_prob: float
+    generator: torch.Generator
+    replays: int = 0
+
+    @classmethod
+    def build(cls, settings: EpisodicSection, key_model: torch.nn.Module, *, pad_token_id: int, rank: int,
+              world_size: int, seed: int, device: torch.device) -> EpisodicTraining:
+        """The state of a fresh run.
+
+        Raises:
+            ValueError: a replay size that does not split over the ranks.
+        """
+        if settings.replay_size % world_size:
+            raise ValueError(f"`episodic.replay_size` ({settings.replay_size}) must split evenly over the "
+                             f"{world_size} ranks (each replays from its own memory)")
+        keys = KeyEncoder(key_model).to(device)
+        generator = torch.Generator(device="cpu").manual_seed(seed + 7919 * (rank + 1))
+        return cls(keys=keys, memory=EpisodicMemory.empty(keys.key_dim, pad_token_id=pad_token_id, device=device),
+                   schedule=ReplaySchedule(settings.replay_every, settings.replay_size),
+                   local_replay=settings.replay_size // world_size, write_prob=float(settings.write_prob),
+                   generator=generator)
+
+    def observe(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> None:
+        """Write the labelled rows of a micro-batch ((B, T) tokens and mask, (B,) labels; -100: a padding row)."""
+        rows = labels >= 0  # (B,)
+        if not bool(rows.any()):
+            return
+        ids, mask = input_ids[rows], attention_mask[rows]
+        self.memory = write(self.memory, self.keys(ids, mask), ids, mask, labels[rows], 0,
+                            write_prob=self.write_prob, generator=self.generator)
+
+    def due(self, documents: int) -> int:
+        """Count `documents` more read over all ranks; the replays now due."""
+        self.schedule, count = self.schedule.advance(documents)
+        return count
+
+    def replay_batches(self, parts: int, device: torch.device) -> list[MemoryBatch | None]:
+        """One replay's documents of this rank in `parts` micro-batches; None for a part with nothing in it
+        (a memory with fewer documents than a part: the rank still takes part in the update)."""
+        batch = sample(self.memory, self.local_replay, generator=self.generator) if len(self.memory) else None
+        self.replays += 1
+        if batch is None:
+            return [None] * parts
+        bounds = [round(i * len(batch) / parts) for i in range(parts + 1)]
+        out: list[MemoryBatch | None] = []
+        for lo, hi in zip(bounds, bounds[1:]):
+            if hi == lo:
+                out.append(None)
+                continue
+            part = MemoryBatch(*(t[lo:hi].to(device) for t in (batch.input_ids, batch.attention_mask, batch.labels,
+                                                                batch.task_ids, batch.indices)))
+            out.append(part)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "memory": self.memory.state_dict(), "schedule": self.schedule.state_dict(),
+                "generator": self.generator.get_state(), "replays": self.replays}
+
+    def load(self, state: Any) -> None:
+        """Restore a `state_dict` of a run with these settings.
+
+        Raises:
+            ValueError: not such a state, or one saved with other replay settings or keys of another width.
+        """
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise ValueError("its shard holds no episodic memory of this format (was the run started without "
+                             "`episodic.enabled`?)")
+        memory = EpisodicMemory.from_state_dict(state["memory"], key_dim=self.keys.key_dim, device=self.memory.device)
+        schedule = ReplaySchedule.from_state_dict(state["schedule"], expect=self.schedule)
+        generator = state.get("generator")
+        if not isinstance(generator, torch.Tensor) or generator.dtype != torch.uint8:
+            raise ValueError("its episodic draw generator state is not a byte tensor")
+        replays = state.get("replays")
+        if type(replays) is not int or replays < 0:
+            raise ValueError(f"its episodic replay count is {replays!r}")
+        self.generator.set_state(generator)
+        self.memory, self.schedule, self.replays = memory, schedule, replays
+
+    def scalars(self) -> dict[str, float]:
+        """What the metrics log: this rank's memory size and the replays made."""
+        return {"episodic/size": float(len(self.memory)), "episodic/replays": float(self.replays)}
+
+
+def replays_in_run(settings: EpisodicSection, documents_per_step: int, steps: int) -> int:
+    """Replay updates a run of `steps` steps of `documents_per_step` documents makes (the schedule's length)."""
+    return documents_per_step * steps // settings.replay_every
+
+
+__all__ = ["EpisodicTraining", "replays_in_run"]

@@ -1,0 +1,88 @@
+"""MbPA++'s training side through the real launcher (`episodic.enabled`): every document read is written
+to the rank's episodic memory, a replay update follows every `replay_every` documents, and on 2 CPU ranks
+a kill and resume gives the uninterrupted run's losses, evaluation, memory and replay count bit for bit
+(the memory, the schedule and the draws checkpointed with the step). Settings it cannot serve are refused
+before any work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from memoria_ds.episodic import EpisodicMemory
+from memoria_ds.train.checkpoints import find_latest, load_shard
+from memoria_ds.train.faults import EXIT_CODE
+
+from .classify_util import classify_args, run_args
+from .launch_util import ROOT, check, losses_by_step, run_training
+
+DS = f"deepspeed={ROOT / 'ds_configs' / 'cpu.json'}"
+# 2 ranks x 2 documents per step: a replay of 4 documents (2 per rank) after every 3rd step (12 documents)
+EPISODIC = ["episodic.enabled=true", "episodic.replay_every=6", "episodic.replay_size=4", "data.max_segments=1",
+            "optim.bptt_segments=1", "data.segment_length=24", "model.preset=backbone"]
+
+
+def _run(run, tmp_path, *extra, **kw):
+    if not (tmp_path / "docs").exists():
+        classify_args(tmp_path, {"train": 32, "validation": 8})
+    return run_training(run, *run_args(tmp_path, {"train": 32, "validation": 8}), DS, *EPISODIC,
+                        "optim.max_steps=8", "checkpoint.every=4", "optim.micro_batch_size=1",
+                        "optim.grad_accum=2", *extra, tiny=False, **kw)
+
+
+def _shard(run, rank):
+    """Rank `rank`'s episodic state in the run's newest checkpoint."""
+    return load_shard(find_latest(run / "checkpoints")[0], rank)["episodic"]
+
+
+def test_writes_replays_and_an_exact_resume_on_two_ranks(tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    check(_run(whole, tmp_path, ranks=2))
+    proc = _run(killed, tmp_path, ranks=2, fault="kill_after_step:6")
+    assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
+    check(_run(killed, tmp_path, "checkpoint.resume=auto", ranks=2))
+    a, b = losses_by_step(whole), losses_by_step(killed)
+    assert set(a) == set(b) == set(range(1, 9))
+    for step in (5, 6, 7, 8):  # after the resume from step 4, with the replay after step 6
+        assert a[step] == b[step], f"step {step}: uninterrupted {a[step]!r} vs resumed {b[step]!r}"
+    ea = json.loads((whole / "summary.json").read_text())["eval"]
+    eb = json.loads((killed / "summary.json").read_text())["eval"]
+    assert [(x["accuracy"], x["nll"]) for x in ea] == [(y["accuracy"], y["nll"]) for y in eb]
+
+    records = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
+    train = {r["step"]: r for r in records if r.get("kind") == "train"}
+    # 4 documents a step over both ranks; replays due after 6, 12, 18, 24, 30 documents: steps 2, 3, 5, 6, 8
+    assert [train[s]["episodic/replays"] for s in range(1, 9)] == [0, 1, 2, 2, 3, 4, 4, 5]
+    assert [train[s]["episodic/size"] for s in range(1, 9)] == [2 * s for s in range(1, 9)]  # rank 0's, all written
+    for run in (whole, killed):  # what each rank holds at the end: its 16 documents, in reading order
+        for rank in (0, 1):
+            state = _shard(run, rank)
+            memory = EpisodicMemory.from_state_dict(state["memory"])
+            assert len(memory) == 16 and state["replays"] == 5 and state["schedule"]["seen"] == 32
+    for rank in (0, 1):
+        x, y = _shard(whole, rank), _shard(killed, rank)
+        assert all(torch.equal(x["memory"][k], y["memory"][k]) for k in x["memory"] if torch.is_tensor(x["memory"][k]))
+        assert torch.equal(x["generator"], y["generator"])
+
+
+def test_the_keys_are_the_models_encoder_before_training(tmp_path):
+    """The stored keys are the first-token states of the classifier's encoder as built (not as trained):
+    a run with the learning rate 100 times higher stores the same keys."""
+    slow, fast = tmp_path / "slow", tmp_path / "fast"
+    check(_run(slow, tmp_path, "optim.max_steps=4", ranks=1))
+    check(_run(fast, tmp_path, "optim.max_steps=4", "optim.lr=0.1", ranks=1))
+    k1, k2 = (EpisodicMemory.from_state_dict(_shard(r, 0)["memory"]).keys for r in (slow, fast))
+    assert k1.shape == (8, 32) and torch.equal(k1, k2)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["data.max_segments=4"], "stores each document as one example"),
+    (["episodic.replay_size=3"], "must split evenly over the 2 ranks"),
+    (["episodic.write_prob=0"], "must be in (0, 1]"),
+])
+def test_settings_it_cannot_serve_are_one_line_and_exit_2(tmp_path, extra, message):
+    proc = _run(tmp_path / "run", tmp_path, *extra, ranks=2)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr
