@@ -16,12 +16,12 @@ is due. Inference: `adapt_and_predict(model, memory, key_encoder(**query), query
 
 from .adapt import ADAPT_L2, ADAPT_LR, ADAPT_STEPS, NEIGHBOURS, OPTIMIZERS, adapt_and_predict, local_adaptation
 from .keys import KeyEncoder
-from .memory import EpisodicMemory, MemoryBatch, gather, sample, write
+from .memory import EpisodicMemory, MemoryBatch, concat, gather, sample, write
 from .search import nearest
 from .replay import REPLAY_EVERY, REPLAY_SIZE, ReplaySchedule
 
 __all__ = [
-    "EpisodicMemory", "MemoryBatch", "write", "gather", "sample", "nearest", "KeyEncoder", "ReplaySchedule",
+    "EpisodicMemory", "MemoryBatch", "concat", "write", "gather", "sample", "nearest", "KeyEncoder", "ReplaySchedule",
     "local_adaptation", "adapt_and_predict", "NEIGHBOURS", "ADAPT_STEPS", "ADAPT_LR", "ADAPT_L2", "OPTIMIZERS",
     "REPLAY_EVERY", "REPLAY_SIZE",
 ]

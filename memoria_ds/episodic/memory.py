@@ -369,4 +369,24 @@ def sample(memory: EpisodicMemory, n: int, generator: torch.Generator | None = N
     return gather(memory, rows)
 
 
-__all__ = ["EpisodicMemory", "MemoryBatch", "write", "gather", "sample", "STATE_FORMAT"]
+def concat(memories: list[EpisodicMemory]) -> EpisodicMemory:
+    """One memory holding every row of `memories`, in their order (e.g. every rank's share, for a search over
+    all of them). Keys of one width; the first memory's padding token.
+
+    Raises:
+        ValueError: no memory, or keys of different widths.
+    """
+    if not memories:
+        raise ValueError("concat needs at least one episodic memory")
+    out = EpisodicMemory.empty(memories[0].key_dim, pad_token_id=memories[0].pad_token_id, device=memories[0].device)
+    for m in memories:
+        if m.key_dim != out.key_dim:
+            raise ValueError(f"episodic memories of key widths {out.key_dim} and {m.key_dim} cannot be joined")
+        if len(m):
+            every = gather(m, torch.arange(len(m), device=m.device))
+            out = write(out, m.keys.to(out.device), every.input_ids.to(out.device), every.attention_mask.to(out.device),
+                        every.labels.to(out.device), every.task_ids.to(out.device))
+    return out
+
+
+__all__ = ["EpisodicMemory", "MemoryBatch", "concat", "write", "gather", "sample", "STATE_FORMAT"]

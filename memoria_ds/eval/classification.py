@@ -60,6 +60,7 @@ def evaluate_classification(
     output_path: str | None = None,
     memoryless: bool = False,
     aggregate: str = "last",
+    adapter: Any = None,
 ) -> EvalResult:
     """Accuracy and macro-F1 of a classifier in Contract 2 (`model(input_ids, attention_mask, labels,
     memory, reset)`, logits (B, K)) on one split of `LabelledDocuments`.
@@ -72,6 +73,10 @@ def evaluate_classification(
         memoryless: reset every row before every segment.
         aggregate: `last` (the argmax at each document's last segment) or `mean` (the argmax of the
             mean of its segments' logits; its label NLL from the softmax of that mean).
+        adapter: MbPA++'s local adaptation (`memoria_ds.train.episodic.LocalAdapter`): called with a
+            segment's (n, L) tokens and mask of the labelled rows, gives their (n, K) logits, each row
+            predicted by the weights adapted to its neighbours (the `adapted` reading; one segment per
+            document). Its `settings` are recorded in the protocol.
 
     Returns:
         `EvalResult`: `accuracy`, `macro_f1`, `correct`, the NLL of the labels; `scored_tokens`
@@ -95,6 +100,11 @@ def evaluate_classification(
         for seg in run_segments(model, streams, reset=reset, device=device, progress=label):
             batch = seg.batch
             logits = (seg.output["logits"] if isinstance(seg.output, dict) else seg.output.logits).float()  # (B, K)
+            if adapter is not None:  # the labelled rows predicted by their own adapted weights
+                rows = batch.labels >= 0  # (B,)
+                if bool(rows.any()):
+                    logits = logits.clone()
+                    logits[rows] = adapter(batch.input_ids[rows], batch.attention_mask[rows]).float()
             if aggregate == "mean":
                 if summed is None:
                     summed, count = torch.zeros_like(logits), torch.zeros(len(logits), dtype=torch.long, device=device)
@@ -119,7 +129,9 @@ def evaluate_classification(
               "label_names": list(documents.label_names), "truncated": streams.truncated,
               "fingerprint": getattr(documents.dataset, "_fingerprint", ""), **documents.metadata},
         split=split,
-        protocol={"name": "memoryless" if memoryless else "full", "segment_length": segment_length,
+        protocol={"name": "adapted" if adapter is not None else "memoryless" if memoryless else "full",
+                  **({"local_adaptation": dict(adapter.settings)} if adapter is not None else {}),
+                  "segment_length": segment_length,
                   "num_streams": batch_size, "max_segments": max_segments, "reset": reset.to_dict(),
                   "memoryless": memoryless, "aggregate": aggregate,
                   "scored": {"last": "argmax at each document's last segment",

@@ -38,6 +38,7 @@ def evaluate_split(
     memory_for: Callable[[list[int]], Any] | None = None,
     train_corpus: Any = None,
     suffix: str = "",
+    adapter: Any = None,
 ) -> list[EvalResult]:
     """Evaluate `model` on one tokenized split (or sorting dataset).
 
@@ -45,6 +46,7 @@ def evaluate_split(
         data: the run's `data` section (corpus, segment_length).
         evaluation: the run's `eval` section (split, protocols, num_streams, reset, max_steps; on the
             sorting task `memoryless` among the protocols adds the reading without memory).
+        adapter: a classifier's local adaptation, for the `adapted` reading (`episodic.*`).
         label: the model's name in the results (e.g. `gpt2:memoria@step100`); result files are
             `<out_dir>/<file stem>_<protocol><suffix>.json` with the stem taken from after the last `@`
             (`result_file`).
@@ -72,6 +74,7 @@ def evaluate_split(
             batch_size=sorting_batch_size, model_name=label, split=evaluation.split, rank=rank,
             world_size=world_size, device=device, output_path=output(f"classification_{name}"),
             memoryless=name == "memoryless", aggregate=getattr(evaluation, "aggregate", "last"),
+            adapter=_adapter(adapter, name),
         ) for name in evaluation.protocols]
     if data.corpus == "sorting":
         if memory_for is not None:
@@ -135,6 +138,16 @@ def train_datastore(model: Any, corpus: Any, settings: KNNLMSettings, *, segment
     store = build_datastore(model, reader, settings, reset=policy, device=device, max_entries=max_entries)
     return store if settings.index == "exact" else index_datastore(store, settings.index, settings.nprobe,
                                                                           settings.index_distances)
+
+
+def _adapter(adapter: Any, protocol: str) -> Any:
+    """The local adaptation of the `adapted` reading (None for the others)."""
+    if protocol != "adapted":
+        return None
+    if adapter is None:
+        raise ValueError("the `adapted` reading needs the run's episodic memory (episodic.enabled): it is scored by "
+                         "the training run's own evaluation")
+    return adapter
 
 
 def describe(result: EvalResult) -> tuple[str, dict[str, float]]:

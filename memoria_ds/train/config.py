@@ -23,6 +23,8 @@ from ..data.corpora import CORPORA
 from ..data.reset import ResetPolicy
 from ..data.sorting import NUM_SYMBOLS
 from ..eval.protocols import FORGET, PROTOCOL_NAMES
+
+ADAPTED = "adapted"  # a classifier's reading with MbPA++'s local adaptation (`episodic.*`)
 from ..memory import COMPILE_MODES
 from ..model.composition import memory_kinds
 from ..model.config import check_model_settings, position_banks, resolve_preset
@@ -419,17 +421,28 @@ class EpisodicSection(Section):
         write_prob: the chance each document is written (the paper: 1; 0.5 and 0.1 cost little).
         replay_every: documents read between replays (the paper: 10,000).
         replay_size: documents per replay update, over all ranks (the paper: 100).
+        neighbours / adapt_steps / adapt_lr / adapt_l2: local adaptation, read by the `adapted` evaluation
+            (`eval.protocols`): K nearest documents of the whole memory (every rank's), L plain gradient steps
+            at this rate on their loss plus `adapt_l2` times the squared distance to the trained weights
+            (the paper: K 32, L 30, lambda 1e-3; the rate 1e-3 is a public port's).
     """
 
     enabled: bool = False
     write_prob: Number = 1.0
     replay_every: int = 10_000
     replay_size: int = 100
+    neighbours: int = 32
+    adapt_steps: int = 30
+    adapt_lr: Number = 1e-3
+    adapt_l2: Number = 1e-3
 
     @model_validator(mode="after")
     def check(self):
         if not 0 < self.write_prob <= 1:
             raise ValueError(f"`episodic.write_prob` ({self.write_prob}) must be in (0, 1] (the paper: 1)")
+        if self.neighbours < 1 or self.adapt_steps < 0 or not (self.adapt_lr > 0 and self.adapt_l2 >= 0):
+            raise ValueError("`episodic.neighbours` must be >= 1, `adapt_steps` >= 0, `adapt_lr` > 0 and `adapt_l2` "
+                             ">= 0 (the paper: 32, 30, 1e-3, 1e-3)")
         if self.replay_every < 1 or self.replay_size < 1:
             raise ValueError("`episodic.replay_every` and `episodic.replay_size` must be at least 1 (the paper: "
                              "10000 and 100)")
@@ -609,10 +622,11 @@ class EvalSection(Section):
 
     @model_validator(mode="after")
     def check(self):
-        bad = [p for p in self.protocols if p not in PROTOCOL_NAMES and not p.startswith(FORGET)]
+        bad = [p for p in self.protocols if p not in PROTOCOL_NAMES and not p.startswith(FORGET) and p != ADAPTED]
         if bad:
             raise ValueError(f"unknown eval protocol(s) {bad}; use any of `full`, `paper`, `memoryless`, or "
-                             f"`memoryless_<part>` for a part of a composite memory (`memoryless_xl`)")
+                             f"`memoryless_<part>` for a part of a composite memory (`memoryless_xl`), or `{ADAPTED}` "
+                             f"(a classifier with `episodic.enabled`: MbPA++'s local adaptation)")
         if len(set(self.protocols)) < len(self.protocols):
             raise ValueError(f"`eval.protocols` {self.protocols} names a protocol twice")
         if not self.protocols and (self.at_end or self.every):
@@ -665,6 +679,8 @@ class RunConfig(Section):
         if (self.model.task == "classification") != (self.data.corpus == "documents"):
             raise ValueError("`model.task: classification` reads labelled documents and only them: set both "
                              "`model.task: classification` and `data.corpus: documents`, or neither")
+        if ADAPTED in self.eval.protocols and self.model.task != "classification":
+            raise ValueError(f"`eval.protocols` `{ADAPTED}` (MbPA++'s local adaptation) scores a classifier")
         if self.model.task == "classification":
             return self._check_classification()
         if self.eval.aggregate != "last":
@@ -731,7 +747,10 @@ class RunConfig(Section):
         if self.eval.knn_lm.enabled:
             raise ValueError("`eval.knn_lm` interpolates a language model; a classifier is scored by accuracy and "
                              "F1: set `eval.knn_lm.enabled=false`")
-        wrong = [p for p in self.eval.protocols if p not in ("full", "memoryless")]
+        wrong = [p for p in self.eval.protocols if p not in ("full", "memoryless", ADAPTED)]
+        if ADAPTED in self.eval.protocols and not self.episodic.enabled:
+            raise ValueError(f"`eval.protocols` `{ADAPTED}` adapts to the episodic memory's neighbours: set "
+                             f"`episodic.enabled=true`")
         if wrong:
             raise ValueError(f"`eval.protocols` {wrong}: a classifier is evaluated `full` (its memory across a "
                              f"document's segments) and `memoryless` (each segment alone)")

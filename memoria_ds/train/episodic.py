@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from ..episodic import EpisodicMemory, KeyEncoder, MemoryBatch, ReplaySchedule, sample, write
+from ..episodic import (EpisodicMemory, KeyEncoder, MemoryBatch, ReplaySchedule, adapt_and_predict, concat, sample,
+                        write)
 from .config import EpisodicSection
 
 FORMAT = 1
@@ -130,9 +131,48 @@ class EpisodicTraining:
         return {"episodic/size": float(len(self.memory)), "episodic/replays": float(self.replays)}
 
 
+class LocalAdapter:
+    """MbPA++'s inference for the `adapted` reading: each labelled document's K nearest documents of the
+    whole episodic memory (every rank's, gathered once), L gradient steps from the trained weights on them
+    with the pull back to those weights, then the prediction (`memoria_ds.episodic.adapt_and_predict`; the
+    model itself is never written).
+
+    Args:
+        model: the trained classifier (its full weights on this rank: ZeRO-3's partitions cannot be adapted).
+        keys: the frozen key encoder.
+        memory: the whole memory.
+        settings: the run's `episodic` section.
+    """
+
+    def __init__(self, model: torch.nn.Module, keys: KeyEncoder, memory: EpisodicMemory,
+                 settings: EpisodicSection) -> None:
+        if len(memory) == 0:
+            raise ValueError("the episodic memory is empty: nothing to adapt to")
+        self.model, self.keys, self.memory = model, keys, memory
+        self.settings = {"neighbours": settings.neighbours, "steps": settings.adapt_steps,
+                         "lr": float(settings.adapt_lr), "l2": float(settings.adapt_l2), "optimizer": "sgd",
+                         "memory_size": len(memory)}
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(n, L) tokens and mask -> (n, K) logits, each row from its own adapted weights."""
+        s = self.settings
+        with torch.enable_grad():
+            return adapt_and_predict(self.model, self.memory, self.keys(input_ids, attention_mask),
+                                     {"input_ids": input_ids, "attention_mask": attention_mask}, k=s["neighbours"],
+                                     steps=s["steps"], lr=s["lr"], l2=s["l2"])
+
+
+def whole_memory(local: EpisodicMemory) -> EpisodicMemory:
+    """Every rank's memory joined, in rank order, on every rank (one gather of their state dicts)."""
+    from .distributed import gather_objects
+
+    states = gather_objects({k: v.cpu() if torch.is_tensor(v) else v for k, v in local.state_dict().items()})
+    return concat([EpisodicMemory.from_state_dict(sd, key_dim=local.key_dim, device=local.device) for sd in states])
+
+
 def replays_in_run(settings: EpisodicSection, documents_per_step: int, steps: int) -> int:
     """Replay updates a run of `steps` steps of `documents_per_step` documents makes (the schedule's length)."""
     return documents_per_step * steps // settings.replay_every
 
 
-__all__ = ["EpisodicTraining", "replays_in_run"]
+__all__ = ["EpisodicTraining", "LocalAdapter", "replays_in_run", "whole_memory"]

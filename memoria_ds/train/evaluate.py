@@ -134,6 +134,9 @@ def parse(argv: list[str] | None) -> tuple[RunConfig, str, Path | None, Path, Pa
         raise ConfigError(f"--memory {memory}: no such snapshot file (write one with memoria_ds.model.save_snapshot)")
     if memory is not None and cfg.data.corpus == "sorting":
         raise ConfigError("--memory: the sorting task starts every example from an empty memory")
+    if "adapted" in cfg.eval.protocols:
+        raise ConfigError("`adapted` (MbPA++'s local adaptation) is scored by the training run's own evaluation: "
+                          "this command does not read the episodic memory yet; pass eval.protocols=[full, memoryless]")
     baseline = load(RunConfig, str(run_dir / "config.yaml"), []) if run_dir is not None else None
     return cfg, source, run_dir, out, memory, baseline
 

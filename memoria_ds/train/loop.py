@@ -34,7 +34,9 @@ from ..memory import graph_stats
 from ..memory.compiled import CUDAGRAPH_MODES
 from . import distributed as dist_utils
 from . import faults
-from .config import RunConfig
+from .build import unwrap
+from .config import ADAPTED, RunConfig
+from .episodic import LocalAdapter, whole_memory
 from .distributed import DistInfo
 from .engine import guard_loss
 from .export import export_hf
@@ -368,7 +370,7 @@ def evaluate(ctx: RunContext, state: RunState, writer: MetricsWriter, step: int)
                else f"{cfg.model.backbone}:{cfg.model.preset}@step_{step:08d}"),
         sorting_batch_size=ctx.num_streams,
         trace=functools.partial(_trace, ctx) if step == ctx.total_steps and cfg.data.corpus != "documents" else None,
-        train_corpus=ctx.corpora.get("train"),
+        train_corpus=ctx.corpora.get("train"), adapter=_adapter(ctx, state),
     )
     for result in results:
         line, values = describe(result)
@@ -386,6 +388,13 @@ def evaluate(ctx: RunContext, state: RunState, writer: MetricsWriter, step: int)
         writer.message(f"eval step {step} {gain.describe()}")
     state.engine.train()
     return results
+
+
+def _adapter(ctx: RunContext, state: RunState) -> LocalAdapter | None:
+    """MbPA++'s local adaptation over every rank's episodic memory, for the `adapted` reading."""
+    if state.episodic is None or ADAPTED not in ctx.cfg.eval.protocols:
+        return None
+    return LocalAdapter(unwrap(state.model), state.episodic.keys, whole_memory(state.episodic.memory), ctx.cfg.episodic)
 
 
 def _trace(ctx: RunContext, protocol: str):

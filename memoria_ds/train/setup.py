@@ -31,7 +31,7 @@ from . import distributed as dist_utils
 from .build import build_run_model, check_pretrained_settings, load_corpora, resolve_precision, unwrap
 from .checkpoints import (CheckpointError, CheckpointInfo, check_compatible, choose_checkpoint, seed_everything,
                           set_aside_newer, set_aside_records)
-from .config import RunConfig
+from .config import ADAPTED, RunConfig
 from .distributed import DistInfo
 from .ds_config import read_ds_config, resolve_ds_config
 from .engine import (DeepSpeedEngine, TorchEngine, TrainEngine, capped_memory_delay, check_ds_config,
@@ -51,6 +51,9 @@ def _ds_config(cfg: RunConfig, info: DistInfo, precision: str, resumed: Checkpoi
     if cfg.model.compile is not None and ds["zero_optimization"]["stage"] == 3:
         raise ConfigError("`model.compile` is not supported under ZeRO-3 (its parameter gathers run as module "
                           "hooks inside the forward); use ZeRO-1/2 (ds_configs/zero2.json) or leave model.compile unset")
+    if ADAPTED in cfg.eval.protocols and ds["zero_optimization"]["stage"] == 3:
+        raise ConfigError("`eval.protocols` `adapted` adapts the whole weights per document, which ZeRO-3 holds in "
+                          "partitions: use ZeRO-1/2 (ds_configs/zero2.json), or leave `adapted` out")
     if resumed is not None and resumed.world_size != info.world_size:
         ds["checkpoint"] = dict(ds.get("checkpoint", {}), load_universal=True)
     return ds

@@ -246,3 +246,28 @@ def test_from_state_dict_rejects_keys_of_another_width():
         EpisodicMemory.from_state_dict(state, key_dim=768)
     with pytest.raises(ValueError, match="expected a dict"):
         EpisodicMemory.from_state_dict([state])
+
+
+def test_concat_is_the_memories_rows_in_order():
+    """`concat` (every rank's share joined for a search over all): the rows of each memory in turn, as if
+    written into one; keys of another width are refused."""
+    from memoria_ds.episodic import EpisodicMemory, concat, write
+
+    g = torch.Generator().manual_seed(3)
+
+    def batch(n, t):
+        ids = torch.randint(5, 50, (n, t), generator=g)
+        mask = torch.ones(n, t, dtype=torch.long)
+        mask[0, t - 2:] = 0  # one shorter example
+        return torch.randn(n, 4, generator=g), ids, mask, torch.arange(n) % 3
+
+    a_rows, b_rows = batch(3, 6), batch(2, 9)
+    a = write(EpisodicMemory.empty(4), *a_rows, 0)
+    b = write(EpisodicMemory.empty(4), *b_rows, 1)
+    joined = concat([a, b, EpisodicMemory.empty(4)])
+    expected = write(write(EpisodicMemory.empty(4), *a_rows, 0), *b_rows, 1)
+    assert len(joined) == 5
+    for name in ("keys", "input_ids", "lengths", "labels", "task_ids"):
+        assert torch.equal(getattr(joined, name), getattr(expected, name)), name
+    with pytest.raises(ValueError, match="key widths 4 and 8"):
+        concat([a, EpisodicMemory.empty(8)])

@@ -86,3 +86,30 @@ def test_settings_it_cannot_serve_are_one_line_and_exit_2(tmp_path, extra, messa
     proc = _run(tmp_path / "run", tmp_path, *extra, ranks=2)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr
+
+
+def test_the_adapted_reading_adapts_to_every_ranks_memory(tmp_path):
+    """`eval.protocols=[full, adapted]` on 2 ranks: the adapted reading searches the whole memory (both
+    ranks' 16 documents); with no adaptation step it is the plain reading exactly, with steps it is not
+    the same model any more (its NLL moves)."""
+    base, adapted = tmp_path / "none", tmp_path / "steps"
+    common = ["eval.protocols=[full, adapted]", "optim.max_steps=8", "episodic.neighbours=4"]
+    check(_run(base, tmp_path, *common, "episodic.adapt_steps=0", ranks=2))
+    check(_run(adapted, tmp_path, *common, "episodic.adapt_steps=5", "episodic.adapt_lr=0.5", ranks=2))
+    for run, moved in ((base, False), (adapted, True)):
+        full, bare = json.loads((run / "summary.json").read_text())["eval"]
+        assert bare["protocol"]["name"] == "adapted" and bare["scored_tokens"] == full["scored_tokens"] == 8
+        settings = bare["protocol"]["local_adaptation"]
+        assert settings["memory_size"] == 32 and settings["neighbours"] == 4
+        assert (bare["nll"] != full["nll"]) == moved
+        if not moved:
+            assert (bare["accuracy"], bare["nll"]) == (full["accuracy"], full["nll"])
+    assert list((adapted / "eval").glob("step_*_classification_adapted.json"))
+
+
+def test_the_evaluate_command_says_it_cannot_adapt_yet(tmp_path):
+    from .test_evaluate_e2e import evaluate
+
+    check(_run(tmp_path / "run", tmp_path, "optim.max_steps=2", "checkpoint.export=true", ranks=1))
+    proc = evaluate(str(tmp_path / "run"), "eval.protocols=[full, adapted]")
+    assert proc.returncode == 2 and "scored by the training run's own evaluation" in proc.stderr
