@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from .corpora import bundled_chapters
@@ -89,12 +90,14 @@ def write_evidence_documents(out_dir: str | Path, counts: dict[str, int], *, wor
     return files
 
 
-def write_book_tokenizer(out_dir: str | Path) -> str:
-    """A BERT WordPiece tokenizer over the book's words and the cues, saved to `out_dir`; returns its path."""
+def write_book_tokenizer(out_dir: str | Path, extra_words: Iterable[str] = ()) -> str:
+    """A BERT WordPiece tokenizer over the book's words, the cues and `extra_words` (another task's cues),
+    saved to `out_dir`; returns its path."""
     from transformers import BertTokenizerFast
 
     pieces = {t for w in book_words() for t in re.findall(r"[a-z0-9]+|[^a-z0-9\s]", w.lower())}
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted(pieces | set(CUES))]
+    words = pieces | set(CUES) | {w.lower() for w in extra_words}
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted(words)]
     tokenizer = BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)})
     tokenizer.save_pretrained(str(out_dir))
     return str(out_dir)

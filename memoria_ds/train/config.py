@@ -222,6 +222,9 @@ class DataSection(Section):
             indices, or names (mapped to indices in sorted order, or by the dataset's ClassLabel).
         max_segments: segments a labelled document may fill (`corpus: documents`); the rest of
             a longer one is dropped and the run says how many were.
+        in_order: read labelled documents (`corpus: documents`) in the order of their files and rows, every
+            epoch, instead of a new seeded order each epoch: a lifelong run's tasks one after another
+            (docs/episodic.md). The last batch that does not fill is dropped either way.
         sorting: the sorting task (`corpus: sorting`): `num_segments` per example (4, 8,
             16, 32 in Table 4), `num_train` (80,000), `num_validation`, `num_test`,
             `seed`. Each example fills exactly `num_segments` segments; memory is reset at
@@ -237,6 +240,7 @@ class DataSection(Section):
     segment_length: int = 150
     tail: Literal["drop", "pad"] = "drop"
     shuffle_documents: bool = False
+    in_order: bool = False
     reset: str = "every:500"
     loader: dict = Field(default_factory=dict)
     num_proc: int | None = None
@@ -267,6 +271,9 @@ class DataSection(Section):
         if self.corpus == "documents" and not (self.files or self.path):
             raise ValueError("`data.corpus: documents` needs `data.files` ({train: [a.jsonl], validation: [b.jsonl]}) "
                              "or `data.path` (a hub dataset name or a save_to_disk folder)")
+        if self.in_order and self.corpus != "documents":
+            raise ValueError("`data.in_order` orders labelled documents (`data.corpus: documents`); a text corpus is "
+                             "read in order already (`data.shuffle_documents` shuffles its documents)")
         if self.corpus == "files" and not self.files:
             raise ValueError("`data.corpus: files` needs `data.files`, e.g. {train: [a.txt], validation: [b.txt]}")
         if self.corpus == "sorting":

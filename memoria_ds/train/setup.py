@@ -66,7 +66,7 @@ def _streams(cfg: RunConfig, info: DistInfo, corpus: Any, num_streams: int) -> T
         try:
             return DocumentStreams(corpus.dataset, batch_size=num_streams, segment_length=cfg.data.segment_length,
                                    max_segments=cfg.data.max_segments, rank=info.rank, world_size=info.world_size,
-                                   shuffle=True, seed=cfg.seed, drop_last=True, pad_id=corpus.pad_id,
+                                   shuffle=not cfg.data.in_order, seed=cfg.seed, drop_last=True, pad_id=corpus.pad_id,
                                    cls_id=corpus.cls_id, sep_id=corpus.sep_id)
         except ValueError as e:
             raise ConfigError(f"the training documents cannot make this run's batches ({e}); the settings: "

@@ -113,3 +113,25 @@ def test_the_evaluate_command_says_it_cannot_adapt_yet(tmp_path):
     check(_run(tmp_path / "run", tmp_path, "optim.max_steps=2", "checkpoint.export=true", ranks=1))
     proc = evaluate(str(tmp_path / "run"), "eval.protocols=[full, adapted]")
     assert proc.returncode == 2 and "scored by the training run's own evaluation" in proc.stderr
+
+
+def test_in_order_reads_the_documents_as_given(tmp_path):
+    """`data.in_order`: a lifelong run's documents are read in the files' order (the tasks one after
+    another), not shuffled; it is refused for a text corpus."""
+    from memoria_ds.data.labelled import load_labelled_documents
+    from memoria_ds.train.config import RunConfig
+    from memoria_ds.train.distributed import DistInfo
+    from memoria_ds.train.parse import ConfigError, load
+    from memoria_ds.train.setup import _streams
+
+    classify_args(tmp_path, {"train": 16, "validation": 8})
+    docs = load_labelled_documents(files={"train": [str(tmp_path / "docs" / "train.jsonl")]},
+                                   tokenizer=str(tmp_path / "tokenizer"))["train"]
+    info = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    for in_order in (True, False):
+        cfg = load(RunConfig, None, [*run_args(tmp_path), f"data.in_order={in_order}", "data.max_segments=1"])
+        streams = _streams(cfg, info, docs, 4)
+        labels = [int(x) for step in range(4) for x in streams.batch_at(0, step).labels]
+        assert (labels == docs.dataset["label"]) == in_order
+    with pytest.raises(ConfigError, match="orders labelled documents"):
+        load(RunConfig, None, ["data.in_order=true"])
