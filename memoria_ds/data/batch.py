@@ -39,6 +39,8 @@ class StreamBatch:
         labels: (B,) int64, a classification task's label of each row's document, -100 where
             this segment holds none of it (`DocumentStreams`); None for language modelling.
         last: (B,) bool, this segment is the last of the row's document (`DocumentStreams`), or None.
+        tasks: (B,) int64, the task of each row's document (labelled documents with a `task` column: a
+            lifelong run's), -1 for a padding row; None otherwise.
     """
 
     input_ids: torch.Tensor
@@ -52,6 +54,7 @@ class StreamBatch:
     global_step: int
     labels: torch.Tensor | None = None
     last: torch.Tensor | None = None
+    tasks: torch.Tensor | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "StreamBatch":
         """A copy with every tensor on `device`."""

@@ -115,9 +115,11 @@ class DocumentStreams(ExampleStreams):
         lengths = np.fromiter((len(x) for x in dataset["input_ids"]), dtype=np.int64, count=len(dataset))
         self.truncated = int((lengths > max_segments * body).sum())
         self.fingerprint = _content_fingerprint(dataset)
+        self.has_tasks = "task" in dataset.column_names  # a lifelong run's documents say their task
 
     def _rows(self, epoch: int, batch: int) -> tuple[np.ndarray, ...]:  # type: ignore[override]
-        """(B_local, K, L) inputs and attention mask, (B_local,) labels and segments filled (0: a padding row)."""
+        """(B_local, K, L) inputs and attention mask, (B_local,) labels, segments filled (0: a padding row) and
+        tasks (-1: a padding row, or no `task` column)."""
         if self._cache is not None and self._cache[0] == (epoch, batch):
             return self._cache[1]
         order = self._order(epoch)
@@ -126,6 +128,7 @@ class DocumentStreams(ExampleStreams):
         mask = np.zeros((rows, K, L), dtype=np.int64)
         labels = np.full(rows, IGNORE_INDEX, dtype=np.int64)
         filled = np.zeros(rows, dtype=np.int64)
+        tasks = np.full(rows, -1, dtype=np.int64)  # (only read when the documents have a `task` column)
         for r, slot in enumerate(self.stream_ids):
             j = batch * self.batch_size + slot
             if j >= len(order):
@@ -138,15 +141,17 @@ class DocumentStreams(ExampleStreams):
             for k, seg in enumerate(segments):
                 inputs[r, k, :len(seg)], mask[r, k, :len(seg)] = seg, 1
             labels[r], filled[r] = int(label), len(segments)
-        self._cache = ((epoch, batch), (inputs, mask, labels, filled))
-        return inputs, mask, labels, filled
+            if self.has_tasks:
+                tasks[r] = int(row["task"])
+        self._cache = ((epoch, batch), (inputs, mask, labels, filled, tasks))
+        return inputs, mask, labels, filled, tasks
 
     def batch_at(self, epoch: int, step: int) -> StreamBatch:
         """Step `step` of epoch `epoch` (no state change)."""
         if not 0 <= step < self.steps_per_epoch:
             raise IndexError(f"step {step} is outside the epoch's {self.steps_per_epoch} steps")
         batch, k = divmod(step, self.max_segments)
-        inputs, mask, labels, filled = self._rows(epoch, batch)
+        inputs, mask, labels, filled, tasks = self._rows(epoch, batch)
         b = len(self.stream_ids)
         inside = k < filled  # (B,) the row's document reaches this segment
         return StreamBatch(
@@ -161,6 +166,7 @@ class DocumentStreams(ExampleStreams):
             global_step=epoch * self.steps_per_epoch + step,
             labels=torch.from_numpy(np.where(inside, labels, IGNORE_INDEX)),
             last=torch.from_numpy(filled == k + 1),
+            tasks=torch.from_numpy(tasks.copy()) if self.has_tasks else None,
         )
 
     def has_targets(self, step: int) -> bool:

@@ -29,7 +29,8 @@ class LabelledDocuments:
     """One split of labelled documents and what the model needs to read them.
 
     Attributes:
-        dataset: columns `input_ids` (int64 lists, no special tokens) and `label` (class indices).
+        dataset: columns `input_ids` (int64 lists, no special tokens) and `label` (class indices); `task`
+            (ints) when the source has that column (a lifelong run's tasks).
         label_names: the classes, index -> name (every split the same).
         cls_id / sep_id / pad_id: the tokenizer's tokens around each segment and its padding (or None).
         vocab_size: the tokenizer's vocabulary (a from-scratch model's).
@@ -128,7 +129,10 @@ def load_labelled_documents(*, files: dict[str, list[str]] | None = None, path: 
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
         ids = tok(batch[text_field], add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
-        return {"input_ids": ids, "label": [to_index(v) for v in batch[label_field]]}
+        out = {"input_ids": ids, "label": [to_index(v) for v in batch[label_field]]}
+        if "task" in batch:  # a lifelong run's task of each document (an int), kept for the per-task readings
+            out["task"] = [int(t) for t in batch["task"]]
+        return out
 
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     meta = {"tokenizer": getattr(tok, "name_or_path", type(tok).__name__), "vocab_size": len(tok),

@@ -91,6 +91,8 @@ def evaluate_classification(
     device = torch.device(device) if device is not None else model_device(model)
     k = documents.num_labels
     confusion = torch.zeros(k * k, dtype=torch.float64, device=device)
+    tasks = int(max(documents.dataset["task"])) + 1 if "task" in documents.dataset.column_names else 0
+    per_task = torch.zeros(max(tasks, 1) * 2, dtype=torch.float64, device=device)  # (task, [correct, documents])
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # label nll, input tokens
     start = time.perf_counter()
     reset = EVERY_SEGMENT if memoryless else _EVERY_DOCUMENT
@@ -118,8 +120,13 @@ def evaluate_classification(
             nll = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
             cell = labels * k + logits.argmax(-1)  # (B,) the confusion cell of each row; only scored rows count
             confusion.index_add_(0, cell, scored.double())  # no boolean indexing: no host sync per segment
+            if tasks:  # a lifelong run's reading of each task (the forgetting curve)
+                right = (logits.argmax(-1) == labels) & scored  # (B,)
+                slot = batch.tasks.to(device).clamp(min=0) * 2  # (B,)
+                per_task.index_add_(0, slot, right.double())
+                per_task.index_add_(0, slot + 1, scored.double())
             sums += torch.stack([(nll * scored).double().sum(), batch.attention_mask.sum().double()])
-    confusion, sums = all_reduce_sums(confusion), all_reduce_sums(sums)
+    confusion, sums, per_task = all_reduce_sums(confusion), all_reduce_sums(sums), all_reduce_sums(per_task)
     matrix = confusion.view(k, k)
     wall = time.perf_counter() - start
     result = EvalResult.from_sums(
@@ -136,7 +143,10 @@ def evaluate_classification(
                   "memoryless": memoryless, "aggregate": aggregate,
                   "scored": {"last": "argmax at each document's last segment",
                              "mean": "argmax of the mean of each document's segment logits"}[aggregate],
-                  "confusion": matrix.long().tolist()},
+                  "confusion": matrix.long().tolist(),
+                  **({"per_task": [{"task": t, "correct": int(per_task[2 * t]), "documents": int(per_task[2 * t + 1]),
+                                    "accuracy": float(per_task[2 * t] / per_task[2 * t + 1])
+                                    if per_task[2 * t + 1] else None} for t in range(tasks)]} if tasks else {})},
         world_size=world_size, steps=streams.steps_per_epoch, input_tokens=int(round(float(sums[1]))),
         wall_time_s=wall, tokens_per_s=float(sums[1]) / wall if wall > 0 else 0.0,
         macro_f1=macro_f1(matrix),

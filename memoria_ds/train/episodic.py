@@ -70,14 +70,17 @@ class EpisodicTraining:
                    local_replay=settings.replay_size // world_size, write_prob=float(settings.write_prob),
                    generator=generator)
 
-    def observe(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> None:
-        """Write the labelled rows of a micro-batch ((B, T) tokens and mask, (B,) labels; -100: a padding row)."""
+    def observe(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
+                tasks: torch.Tensor | None = None) -> None:
+        """Write the labelled rows of a micro-batch ((B, T) tokens and mask, (B,) labels, -100: a padding row;
+        (B,) task ids when the documents have them, else task 0)."""
         rows = labels >= 0  # (B,)
         if not bool(rows.any()):
             return
         ids, mask = input_ids[rows], attention_mask[rows]
-        self.memory = write(self.memory, self.keys(ids, mask), ids, mask, labels[rows], 0,
-                            write_prob=self.write_prob, generator=self.generator)
+        self.memory = write(self.memory, self.keys(ids, mask), ids, mask, labels[rows],
+                            tasks[rows] if tasks is not None else 0, write_prob=self.write_prob,
+                            generator=self.generator)
 
     def due(self, documents: int) -> int:
         """Count `documents` more read over all ranks; the replays now due."""

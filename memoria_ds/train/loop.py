@@ -162,7 +162,7 @@ def _steps(ctx: RunContext, state: RunState, writer: MetricsWriter, window: _Win
                     window.tokens += micro.attention_mask.sum()
                     continue
                 if state.episodic is not None:  # MbPA++: the documents read are written to the episodic memory
-                    state.episodic.observe(micro.input_ids, micro.attention_mask, micro.labels)
+                    state.episodic.observe(micro.input_ids, micro.attention_mask, micro.labels, micro.tasks)
                 loss = out.loss
                 if j == 0 and k == 0 and info.rank == 0 and faults.active("nan_loss", step + 1):
                     loss = loss * float("nan")

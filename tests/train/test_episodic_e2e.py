@@ -135,3 +135,27 @@ def test_in_order_reads_the_documents_as_given(tmp_path):
         assert (labels == docs.dataset["label"]) == in_order
     with pytest.raises(ConfigError, match="orders labelled documents"):
         load(RunConfig, None, ["data.in_order=true"])
+
+
+def test_a_lifelong_run_reads_its_tasks_in_turn_and_scores_each(tmp_path):
+    """Tasks of `lifelong_tasks` in order (`data.in_order`): the episodic memory holds each document's task,
+    in reading order, and the evaluation gives every task's accuracy (summing to the whole)."""
+    from memoria_ds.data.lifelong_tasks import write_lifelong_tasks, write_task_tokenizer
+
+    files = write_lifelong_tasks(tmp_path / "tasks", tasks=2, classes=2, counts={"train": 8, "test": 4}, words=10)
+    tok = write_task_tokenizer(tmp_path / "tok", tasks=2, classes=2)
+    split_files = "{" + ", ".join(f"{k}: [{', '.join(v)}]" for k, v in files.items()) + "}"
+    run = tmp_path / "run"
+    args = [a for a in run_args(tmp_path) if not a.startswith(("data.files", "data.tokenizer", "data.segment_length",
+                                                                "data.max_segments", "model.preset"))]
+    check(run_training(run, *args, DS, f"data.files={split_files}", f"data.tokenizer={tok}", "data.in_order=true",
+                       "data.segment_length=24", "data.max_segments=1", "optim.bptt_segments=1", "model.preset=backbone",
+                       "episodic.enabled=true", "episodic.replay_every=4", "episodic.replay_size=2",
+                       "eval.split=test", "eval.protocols=[full]", "optim.epochs=1", "optim.micro_batch_size=2",
+                       tiny=False, ranks=1))
+    memory = EpisodicMemory.from_state_dict(_shard(run, 0)["memory"])
+    assert memory.task_ids.tolist() == [0] * 8 + [1] * 8  # task 0's documents, then task 1's
+    result = json.loads((run / "summary.json").read_text())["eval"][0]
+    per_task = result["protocol"]["per_task"]
+    assert [(t["task"], t["documents"]) for t in per_task] == [(0, 4), (1, 4)]
+    assert sum(t["correct"] for t in per_task) == round(result["accuracy"] * 8)
