@@ -1,16 +1,15 @@
 """Hyperpartisan news detection (SemEval-2019 Task 4, `byarticle`), as the paper's Table 3 reads it.
 
-645 news articles (HTML), each labelled hyperpartisan or not by crowd consensus, split as the
-authors split them (cosmoquester/memoria, experiment/longseq_formers/data/hyperpartisan.py, which
-copies Longformer's `scripts/hp-splits.json`): 516 training, 64 validation ("dev") and 65 test
-articles, indices into the 645 in the lists' order. Each text is the article's HTML reduced to its
-text (BeautifulSoup's `get_text()` with `html.parser`, here the standard library's parser: the
-same text nodes, character references decoded, comments dropped) with every run of whitespace
-made one space, as theirs.
+645 news articles (HTML), each labelled hyperpartisan or not, split as the authors split them
+(cosmoquester/memoria, experiment/longseq_formers/data/hyperpartisan.py, which copies Longformer's
+`scripts/hp-splits.json`): 516 training, 64 validation ("dev") and 65 test articles, indices into the
+645 in the lists' order. Each text is what the authors' `BeautifulSoup(html, "html.parser").get_text()`
+gives (computed here with the standard library's parser, see `clean_text`), every run of whitespace
+then made one space (`re.sub(r"\\s+", " ", ...)`, nothing stripped); the label is `int(hyperpartisan)`.
 
 **The lists overlap**: 51 of the 65 test articles are also training articles and 7 are validation
-articles (train and validation are disjoint); `split_overlap()` counts them. Kept as the authors
-have them, since their numbers were measured so.
+articles (train and validation are disjoint; 7 test articles are in neither). `split_overlap()` counts
+them. Kept as the authors have them, since their numbers were measured so.
 
     docs = load_hyperpartisan()                       # the hub's byarticle articles, split
     docs = load_hyperpartisan("data/hp")              # a copy written by the CLI below
@@ -27,6 +26,7 @@ import re
 import shutil
 import sys
 import tempfile
+from html.entities import html5
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -75,31 +75,127 @@ HYPERPARTISAN_SPLITS: dict[str, list[int]] = {
     ],
 }
 
+# ------------------------------------------------------------------------------ the article's text
+
+# BeautifulSoup 4.12 (current when the authors' requirements named an unpinned `bs4`), html.parser builder:
+_STRING_CONTAINERS = frozenset({"script", "style", "template", "rt", "rp"})  # their strings are not get_text()'s
+_VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "keygen", "link", "menuitem", "meta",
+                   "param", "source", "track", "wbr", "basefont", "bgsound", "command", "frame", "image", "isindex",
+                   "nextid", "spacer"})  # closed as soon as opened
+
+
+def _entity_texts() -> dict[str, str]:
+    """Entity name (without ";") -> its text, the first of each name in sorted order, as bs4's table."""
+    table: dict[str, str] = {}
+    for name, text in sorted(html5.items()):
+        table.setdefault(name.removesuffix(";"), text)
+    return table
+
+
+_ENTITIES = _entity_texts()
+
 
 class _Text(HTMLParser):
-    """The text nodes of an HTML fragment, in order (character references decoded; comments,
-    declarations and processing instructions left out, as BeautifulSoup's `get_text()`)."""
+    """The strings BeautifulSoup's `get_text()` joins, from the parser events its html.parser builder sees.
+
+    As bs4: character references decoded by its rules (numbers below 256 as windows-1252, an unknown
+    `&name;` kept as `&name` without its `;`); comments, declarations and processing instructions left
+    out; CDATA sections kept; strings inside an open <script>, <style>, <template>, <rt> or <rp> (in bs4's
+    tag stack: an end tag closes every tag opened after its start tag, a stray one closes nothing) left out.
+    """
 
     def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
+        super().__init__(convert_charrefs=False)  # bs4 decodes references itself, not as html.unescape does
         self.parts: list[str] = []
+        self._open: list[str] = []  # bs4's stack of open tags
+        self._hidden = 0  # string containers among them
+        self._closed_void: list[str] = []  # void tags closed at once, whose next end tag bs4 then ignores
+
+    def _push(self, tag: str) -> None:
+        self._open.append(tag)
+        self._hidden += tag in _STRING_CONTAINERS
+
+    def _pop_to(self, tag: str) -> None:
+        if tag not in self._open:
+            return
+        while True:
+            top = self._open.pop()
+            self._hidden -= top in _STRING_CONTAINERS
+            if top == tag:
+                return
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self._push(tag)
+        if tag in _VOID:
+            self._pop_to(tag)
+            self._closed_void.append(tag)
+
+    def handle_startendtag(self, tag: str, attrs: list) -> None:
+        self._push(tag)
+        self.handle_endtag(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in self._closed_void:
+            self._closed_void.remove(tag)
+        else:
+            self._pop_to(tag)
 
     def handle_data(self, data: str) -> None:
-        self.parts.append(data)
+        if not self._hidden:
+            self.parts.append(data)
+
+    def handle_charref(self, name: str) -> None:
+        code = int(name[1:], 16) if name[:1] in "xX" else int(name)
+        text = None
+        if code < 256:
+            try:
+                text = bytes([code]).decode("windows-1252")
+            except UnicodeDecodeError:
+                pass
+        if not text:
+            try:
+                text = chr(code)
+            except (ValueError, OverflowError):
+                pass
+        self.handle_data(text or "\N{REPLACEMENT CHARACTER}")
+
+    def handle_entityref(self, name: str) -> None:
+        self.handle_data(_ENTITIES.get(name, "&" + name))
+
+    def unknown_decl(self, data: str) -> None:
+        if data.upper().startswith("CDATA["):
+            self.parts.append(data[len("CDATA["):])  # bs4's CData: text even inside a string container
 
 
 def clean_text(html: str) -> str:
-    """An article's text as the authors' loader computes it: the HTML's text, whitespace runs made one space
-    (no strip: a leading or trailing run stays one space)."""
+    """An article's text as the authors' loader computes it: `BeautifulSoup(html, "html.parser").get_text()`,
+    then every run of whitespace made one space (no strip: a leading or trailing run stays one space).
+
+    Equal to bs4 4.12 on the same Python (checked against it on tricky markup, tests/data/test_hyperpartisan.py);
+    bs4 also makes a string of ASCII whitespace between tags one space or newline, which the collapse makes
+    equal. Where it may differ: another bs4 (before 4.9 the text of <script> / <style> was included) or another
+    Python (`html.parser` changed how it reads comments, CDATA and <script> ends in 3.13 and security releases;
+    bs4 and this function share the running Python's parser), and markup `html.parser` rejects (bs4 raises
+    ParserRejectedMarkup).
+    """
     parser = _Text()
     parser.feed(html)
     parser.close()
     return re.sub(r"\s+", " ", "".join(parser.parts))
 
 
+# ------------------------------------------------------------------------------ the authors' splits
+
 def hyperpartisan_splits(articles: datasets.Dataset) -> datasets.DatasetDict:
-    """The 645 `byarticle` articles as `train` / `validation` / `test` (the authors' lists): columns `text`
-    (cleaned), `label` (ClassLabel false / true) and `article` (the index into the 645).
+    """The 645 `byarticle` articles as the authors split them.
+
+    Args:
+        articles: the 645 articles in the hub's order, columns `text` (HTML) and `hyperpartisan` (bool);
+            other columns are ignored.
+
+    Returns:
+        `train` / `validation` / `test`, in the lists' order: `text` (cleaned), `label` (ClassLabel
+        false / true, index = int(hyperpartisan)) and `article` (the index into the 645).
 
     Raises:
         ValueError: not 645 articles, or no `text` / `hyperpartisan` column.
@@ -110,7 +206,7 @@ def hyperpartisan_splits(articles: datasets.Dataset) -> datasets.DatasetDict:
                          f"(they have {articles.column_names})")
     if len(articles) != NUM_ARTICLES:
         raise ValueError(f"Hyperpartisan's byarticle part has {NUM_ARTICLES} articles; this source has {len(articles)} "
-                         f"(the split lists index the {NUM_ARTICLES})")
+                         f"(the split lists index the {NUM_ARTICLES} in the hub's order)")
     features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=list(LABELS)),
                                   "article": datasets.Value("int64")})
     texts, flags = articles["text"], articles["hyperpartisan"]
@@ -122,30 +218,44 @@ def hyperpartisan_splits(articles: datasets.Dataset) -> datasets.DatasetDict:
 
 
 def split_overlap() -> dict[str, int]:
-    """Articles shared by two of the authors' splits."""
+    """Articles shared by two of the authors' splits: {"test&train": 51, "test&validation": 7,
+    "validation&train": 0}."""
     s = {k: set(v) for k, v in HYPERPARTISAN_SPLITS.items()}
     return {"test&train": len(s["test"] & s["train"]), "test&validation": len(s["test"] & s["validation"]),
             "validation&train": len(s["validation"] & s["train"])}
 
 
+# ------------------------------------------------------------------------------ sources
+
+# `datasets` >= 4 runs no loading script, so the authors' script dataset is read from the hub's parquet
+# conversion. That branch has no README of configs: its one config is "default" and each of the script's
+# configs is a folder (`byarticle/train/*.parquet`), so it is addressed by `data_dir` (a `name` is refused:
+# "BuilderConfig 'byarticle' not found. Available: ['default']"). The second way serves a repository whose
+# main branch has been converted to parquet with configs.
+_HUB_WAYS = ({"data_dir": "byarticle", "revision": PARQUET_REVISION}, {"name": "byarticle"})
+
+
 def _hub_articles() -> datasets.Dataset:
-    """The 645 articles from the hub's parquet conversion (two ways `datasets` addresses a converted config)."""
+    """The 645 articles from the hub, or one line that says how to supply a copy."""
     errors = []
-    for kwargs in ({"name": "byarticle"}, {"data_dir": "byarticle"}):
+    for way in _HUB_WAYS:
         try:
-            return datasets.load_dataset(HUB_NAME, split="train", revision=PARQUET_REVISION, **kwargs)
+            return datasets.load_dataset(HUB_NAME, split="train", **way)
         except Exception as e:  # noqa: BLE001 (offline, moved, renamed: every way is tried, then one line)
             errors.append(f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
-    raise ValueError(f"Hyperpartisan could not be loaded from the hub ({HUB_NAME}, {PARQUET_REVISION}: "
-                     f"{errors[-1]}); get the 645 byarticle articles (text, hyperpartisan) as parquet, jsonl or a "
-                     f"save_to_disk folder, run `python -m memoria_ds.data.hyperpartisan DIR --source THEM`, and use "
-                     f"data.path=DIR")
+    raise ValueError(f"Hyperpartisan could not be loaded from the hub ({HUB_NAME}; {errors[0]}); get the 645 byarticle "
+                     f"articles (columns text, hyperpartisan, in the hub's order) as parquet, jsonl or a save_to_disk "
+                     f"folder, run `python -m memoria_ds.data.hyperpartisan DIR --source THEM`, and use data.path=DIR")
 
 
-def _local_articles(source: Path) -> datasets.Dataset | datasets.DatasetDict:
+def _local(source: Path) -> datasets.Dataset | datasets.DatasetDict:
+    """What is at `source`: a `save_to_disk` folder, or a parquet / json(l) / csv file."""
     if source.is_dir():
-        loaded = datasets.load_from_disk(str(source))
-        return loaded
+        try:
+            return datasets.load_from_disk(str(source))
+        except FileNotFoundError as e:
+            raise ValueError(f"{source} is not a save_to_disk folder ({str(e).splitlines()[0]}); give a folder this "
+                             f"module wrote, or the {NUM_ARTICLES} articles saved by save_to_disk or as a file") from None
     kind = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}.get(source.suffix)
     if kind is None:
         raise ValueError(f"{source}: give a save_to_disk folder or a .parquet / .jsonl / .json / .csv file of the "
@@ -154,21 +264,33 @@ def _local_articles(source: Path) -> datasets.Dataset | datasets.DatasetDict:
 
 
 def load_hyperpartisan(source: str | os.PathLike | None = None) -> datasets.DatasetDict:
-    """The split articles: from the hub (`source` None or "hyperpartisan"), a folder this module wrote (returned
-    as it is), or the 645 raw articles in a local folder or file (split here).
+    """Hyperpartisan in the authors' splits.
+
+    Args:
+        source: None or "hyperpartisan": the hub. A folder this module wrote (a `save_to_disk` DatasetDict with
+            train / validation / test, each with text and label): returned as it is. The 645 raw articles (a
+            `save_to_disk` Dataset, or a DatasetDict of one `train` split, or a parquet / json(l) / csv file):
+            split by `hyperpartisan_splits`.
+
+    Returns:
+        `train` / `validation` / `test` with `text`, `label` (ClassLabel false / true) and `article`.
 
     Raises:
-        ValueError: nothing at `source`, a source that is not the 645 articles, or the hub out of reach (one
-            line that says how to supply a copy).
+        ValueError: nothing at `source`, a source that is neither, or the hub out of reach (one line that says
+            how to supply a copy).
     """
     if source is None or str(source) == "hyperpartisan":
         return hyperpartisan_splits(_hub_articles())
     path = Path(source).expanduser()
     if not path.exists():
         raise ValueError(f"Hyperpartisan source {str(path)!r} does not exist")
-    loaded = _local_articles(path)
+    loaded = _local(path)
     if isinstance(loaded, datasets.DatasetDict):
         if set(HYPERPARTISAN_SPLITS) <= set(loaded):
+            lacking = [(s, c) for s in HYPERPARTISAN_SPLITS for c in ("text", "label") if c not in loaded[s].column_names]
+            if lacking:
+                raise ValueError(f"{path}: split {lacking[0][0]!r} has no column {lacking[0][1]!r}; give the split copy "
+                                 f"this module writes or the {NUM_ARTICLES} raw articles")
             return loaded
         if list(loaded) != ["train"]:
             raise ValueError(f"{path} holds splits {sorted(loaded)}: give the split copy this module writes or the "
@@ -177,17 +299,26 @@ def load_hyperpartisan(source: str | os.PathLike | None = None) -> datasets.Data
     return hyperpartisan_splits(loaded)
 
 
+# ------------------------------------------------------------------------------ a local copy
+
 def write_hyperpartisan(out_dir: str | os.PathLike, source: str | os.PathLike | None = None) -> datasets.DatasetDict:
-    """Write the split articles to `out_dir` (`save_to_disk`, written beside and renamed into place)."""
+    """Write the split articles to `out_dir` with `save_to_disk`, into a temporary sibling renamed into place
+    (a copy already there is replaced; nothing else is).
+
+    Raises:
+        ValueError: `out_dir` holds something else, or `source` as `load_hyperpartisan`.
+    """
+    out = Path(out_dir).expanduser()
+    if out.exists() and not (out / "dataset_dict.json").is_file() and (out.is_file() or any(out.iterdir())):
+        raise ValueError(f"{out} exists and is not a save_to_disk copy; give a new folder")
     splits = load_hyperpartisan(source)
-    out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        splits.save_to_disk(str(tmp / "data"))
+        splits.save_to_disk(str(tmp / "new"))
         if out.exists():
-            shutil.rmtree(out)
-        os.rename(tmp / "data", out)
+            os.rename(out, tmp / "old")  # set aside, not deleted, until the new copy is in place
+        os.rename(tmp / "new", out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return splits
@@ -200,16 +331,16 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         splits = write_hyperpartisan(a.out_dir, a.source)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     sizes = ", ".join(f"{k} {len(v)}" for k, v in splits.items())
-    print(f"wrote {a.out_dir}: {sizes}; overlap of the authors' lists: {split_overlap()}")
+    print(f"wrote {a.out_dir}: {sizes}; the authors' lists overlap: {split_overlap()}")
     return 0
 
 
-__all__ = ["HYPERPARTISAN_SPLITS", "LABELS", "clean_text", "hyperpartisan_splits", "load_hyperpartisan", "split_overlap",
-           "write_hyperpartisan"]
+__all__ = ["HYPERPARTISAN_SPLITS", "LABELS", "NUM_ARTICLES", "clean_text", "hyperpartisan_splits", "load_hyperpartisan",
+           "split_overlap", "write_hyperpartisan"]
 
 
 if __name__ == "__main__":

@@ -119,6 +119,9 @@ def parse(argv: list[str] | None) -> tuple[RunConfig, str, Path | None, Path, Pa
     source, run_dir = resolve_model(a.model)
     config = a.config or (str(run_dir / "config.yaml") if run_dir is not None else None)
     cfg = load(RunConfig, config, list(a.overrides))
+    if (cfg.model.task == "classification" and run_dir is None and config is None and not is_checkpoint(source)
+            and not any(o.startswith("data.tokenizer=") for o in a.overrides)):
+        cfg.data.tokenizer = source  # a saved classifier reads its own tokenizer's ids (not the default backbone's)
     out = Path(a.out) if a.out else (run_dir / "eval" if run_dir is not None else Path("eval_results"))
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a folder for the results")

@@ -87,3 +87,21 @@ def test_memoria_presets_and_other_types_are_refused_with_the_way_out():
         plain_classifier_config(GPT2Config())
     with pytest.raises(ValueError, match="no setting 'not_a_field'"):
         plain_classifier_config(CONFIGS["big_bird"][0](), not_a_field=1)
+
+
+def test_the_evaluate_command_reads_a_saved_classifier_with_its_own_tokenizer(tmp_path):
+    """`launch/evaluate.py DIR model.task=classification ...` on a saved classifier (not a run): its documents
+    are tokenized by DIR's tokenizer unless `data.tokenizer` says otherwise (not the default backbone's)."""
+    from memoria_ds.train.evaluate import parse
+
+    model_dir = tmp_path / "clf"
+    build_encoder_model(CONFIGS["longformer"][0](), "backbone").save_pretrained(model_dir)
+    docs = tmp_path / "test.jsonl"
+    docs.write_text('{"text": "a b", "label": 0}\n')
+    common = [str(model_dir), "model.task=classification", "data.corpus=documents", f"data.files={{test: [{docs}]}}",
+              "eval.split=test"]
+    assert parse(common)[0].data.tokenizer == str(model_dir)
+    from memoria_ds.data.evidence_documents import write_book_tokenizer
+
+    other = write_book_tokenizer(tmp_path / "tok")
+    assert parse([*common, f"data.tokenizer={other}"])[0].data.tokenizer == other
