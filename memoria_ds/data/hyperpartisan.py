@@ -21,6 +21,7 @@ In the classification loop: `data.path=hyperpartisan` (or the copy's folder).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -171,12 +172,18 @@ def clean_text(html: str) -> str:
     """An article's text as the authors' loader computes it: `BeautifulSoup(html, "html.parser").get_text()`,
     then every run of whitespace made one space (no strip: a leading or trailing run stays one space).
 
-    Equal to bs4 4.12 on the same Python (checked against it on tricky markup, tests/data/test_hyperpartisan.py);
-    bs4 also makes a string of ASCII whitespace between tags one space or newline, which the collapse makes
-    equal. Where it may differ: another bs4 (before 4.9 the text of <script> / <style> was included) or another
-    Python (`html.parser` changed how it reads comments, CDATA and <script> ends in 3.13 and security releases;
-    bs4 and this function share the running Python's parser), and markup `html.parser` rejects (bs4 raises
-    ParserRejectedMarkup).
+    Equal to bs4 4.12 on the same Python (compared with it on tricky markup in tests/data/test_hyperpartisan.py,
+    where bs4 is installed); bs4 also makes a string of ASCII whitespace between tags one space or newline,
+    which the collapse makes equal. Where it may differ: another bs4 (before 4.9 the text of <script> and
+    <style> was text), another Python (`html.parser` has changed how it reads comments, CDATA and <script>
+    ends in recent releases; bs4 and this function share the running Python's parser), and markup that
+    `html.parser` rejects (bs4 raises ParserRejectedMarkup).
+
+    Args:
+        html: an article's HTML.
+
+    Returns:
+        its text, whitespace runs made one space.
     """
     parser = _Text()
     parser.feed(html)
@@ -243,6 +250,8 @@ def _hub_articles() -> datasets.Dataset:
             return datasets.load_dataset(HUB_NAME, split="train", **way)
         except Exception as e:  # noqa: BLE001 (offline, moved, renamed: every way is tried, then one line)
             errors.append(f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+            if isinstance(e, ConnectionError):  # the hub is out of reach: the other way would wait for it again
+                break
     raise ValueError(f"Hyperpartisan could not be loaded from the hub ({HUB_NAME}; {errors[0]}); get the 645 byarticle "
                      f"articles (columns text, hyperpartisan, in the hub's order) as parquet, jsonl or a save_to_disk "
                      f"folder, run `python -m memoria_ds.data.hyperpartisan DIR --source THEM`, and use data.path=DIR")
@@ -254,13 +263,19 @@ def _local(source: Path) -> datasets.Dataset | datasets.DatasetDict:
         try:
             return datasets.load_from_disk(str(source))
         except FileNotFoundError as e:
-            raise ValueError(f"{source} is not a save_to_disk folder ({str(e).splitlines()[0]}); give a folder this "
-                             f"module wrote, or the {NUM_ARTICLES} articles saved by save_to_disk or as a file") from None
+            raise ValueError(f"{source} is not a save_to_disk folder ({str(e).splitlines()[0]}); give a folder "
+                             f"this module wrote, or the {NUM_ARTICLES} articles saved by save_to_disk or as a file"
+                             ) from None
     kind = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}.get(source.suffix)
     if kind is None:
         raise ValueError(f"{source}: give a save_to_disk folder or a .parquet / .jsonl / .json / .csv file of the "
                          f"{NUM_ARTICLES} articles")
-    return datasets.load_dataset(kind, data_files=str(source), split="train")
+    try:
+        return datasets.load_dataset(kind, data_files=str(source), split="train")
+    except (ValueError, OSError, datasets.exceptions.DatasetsError) as e:
+        cause = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        raise ValueError(f"{source} could not be read as {kind} ({cause}); give the {NUM_ARTICLES} articles as "
+                         f"parquet, jsonl or csv (columns text, hyperpartisan)") from None
 
 
 def load_hyperpartisan(source: str | os.PathLike | None = None) -> datasets.DatasetDict:
@@ -287,10 +302,11 @@ def load_hyperpartisan(source: str | os.PathLike | None = None) -> datasets.Data
     loaded = _local(path)
     if isinstance(loaded, datasets.DatasetDict):
         if set(HYPERPARTISAN_SPLITS) <= set(loaded):
-            lacking = [(s, c) for s in HYPERPARTISAN_SPLITS for c in ("text", "label") if c not in loaded[s].column_names]
+            lacking = [(s, c) for s in HYPERPARTISAN_SPLITS for c in ("text", "label")
+                       if c not in loaded[s].column_names]
             if lacking:
-                raise ValueError(f"{path}: split {lacking[0][0]!r} has no column {lacking[0][1]!r}; give the split copy "
-                                 f"this module writes or the {NUM_ARTICLES} raw articles")
+                raise ValueError(f"{path}: split {lacking[0][0]!r} has no column {lacking[0][1]!r}; give the split "
+                                 f"copy this module writes or the {NUM_ARTICLES} raw articles")
             return loaded
         if list(loaded) != ["train"]:
             raise ValueError(f"{path} holds splits {sorted(loaded)}: give the split copy this module writes or the "
@@ -301,6 +317,14 @@ def load_hyperpartisan(source: str | os.PathLike | None = None) -> datasets.Data
 
 # ------------------------------------------------------------------------------ a local copy
 
+def _is_copy(folder: Path) -> bool:
+    """Whether `folder` holds a `save_to_disk` DatasetDict of exactly the authors' three splits."""
+    try:
+        return json.loads((folder / "dataset_dict.json").read_text())["splits"] == list(HYPERPARTISAN_SPLITS)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def write_hyperpartisan(out_dir: str | os.PathLike, source: str | os.PathLike | None = None) -> datasets.DatasetDict:
     """Write the split articles to `out_dir` with `save_to_disk`, into a temporary sibling renamed into place
     (a copy already there is replaced; nothing else is).
@@ -309,8 +333,8 @@ def write_hyperpartisan(out_dir: str | os.PathLike, source: str | os.PathLike | 
         ValueError: `out_dir` holds something else, or `source` as `load_hyperpartisan`.
     """
     out = Path(out_dir).expanduser()
-    if out.exists() and not (out / "dataset_dict.json").is_file() and (out.is_file() or any(out.iterdir())):
-        raise ValueError(f"{out} exists and is not a save_to_disk copy; give a new folder")
+    if out.exists() and not _is_copy(out) and (out.is_file() or any(out.iterdir())):
+        raise ValueError(f"{out} exists and is not a Hyperpartisan copy this module wrote; give a new folder")
     splits = load_hyperpartisan(source)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
