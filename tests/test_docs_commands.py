@@ -229,5 +229,9 @@ def test_documented_command_works(doc, command, tmp_path):
 def _entry_defaults(target: str) -> list[str]:
     """The `base_overrides` an entry point (launch/pretrain.py, launch/classify.py) passes to the CLI."""
     source = (ROOT / target).read_text()
+    if "base_overrides=CLASSIFY_OVERRIDES" in source:  # launch/classify.py: the list lives in the CLI module
+        from memoria_ds.train.cli import CLASSIFY_OVERRIDES
+
+        return list(CLASSIFY_OVERRIDES)
     match = re.search(r"base_overrides=\[(.*?)\]", source, re.S)
     return re.findall(r'"([^"]+)"', match.group(1)) if match else []
