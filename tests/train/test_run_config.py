@@ -159,3 +159,15 @@ def test_a_classifier_without_a_validation_split_has_checkpoints_that_can_be_che
                                  "model.preset=backbone"])
     built = saved_model_config({"meta": {"config": to_dict(cfg)}})
     assert built.use_memory is False and built.model_type == "memoria_bert"
+
+
+def test_reading_documents_in_order_is_part_of_the_data_fingerprint():
+    """`data.in_order` changes what a classifier's streams read (a resume across it is refused); at its
+    default it leaves the hash of checkpoints made before it existed."""
+    from memoria_ds.train.checkpoints.resume import fingerprint
+
+    base = ["model.task=classification", "model.backbone=bert", "model.from_scratch=true", "data.corpus=documents",
+            "data.files={train: [a.jsonl], validation: [b.jsonl]}", "model.settings={max_position_embeddings: 514}"]
+    shuffled, in_order = load(RunConfig, None, base), load(RunConfig, None, [*base, "data.in_order=true"])
+    assert fingerprint(shuffled)["data"] != fingerprint(in_order)["data"]
+    assert "in_order" not in __import__("json").dumps(fingerprint(shuffled))  # (hashes only)

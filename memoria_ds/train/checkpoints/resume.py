@@ -46,6 +46,8 @@ def fingerprint(cfg: RunConfig) -> dict[str, str]:
     if data.get("corpus") != "documents":
         data.pop("label_field", None)
         data.pop("max_segments", None)
+    if not data.get("in_order"):  # (added later: the default order keeps the hashes of earlier checkpoints)
+        data.pop("in_order", None)
     data["train_batch_size"] = None  # checked by the stream state itself, with a clearer message
     return {
         "model": hashlib.sha256(json.dumps(model, sort_keys=True).encode()).hexdigest()[:16],
