@@ -175,6 +175,16 @@ def estimate_cost(config: MemoriaGPT2Config, params: int, sched: Schedule, cfg: 
     block_latency = BLOCK_LATENCY_S * (config.n_layer + (MEMORY_BLOCK_FACTOR - 1) * memory_blocks)
     engine = MEMORY_STEP_S if "memoria" in memory_kinds(config.memory_type) else 0.0
     latency = cfg.optim.grad_accum * (block_latency + engine) + OPTIMIZER_STEP_S
+    return step_cost(compute=compute, latency=latency, params=params, sched=sched, segment_length=L,
+                     world_size=world_size, num_nodes=num_nodes, zero_stage=zero_stage, offload=offload,
+                     block_latency=block_latency, engine=engine)
+
+
+def step_cost(*, compute: float, latency: float, params: int, sched: Schedule, segment_length: int, world_size: int,
+              num_nodes: int, zero_stage: int, offload: bool, block_latency: float, engine: float) -> Cost:
+    """A run's `Cost` from its step's compute and latency (seconds): the gradient reduction and offload
+    traffic added, the final evaluation, the hours (shared by the language models' and the classifiers'
+    estimates)."""
     comms = 0.0
     if world_size > 1:
         bandwidth = INTER_NODE_BYTES_S if num_nodes > 1 else INTRA_NODE_BYTES_S
@@ -182,12 +192,11 @@ def estimate_cost(config: MemoriaGPT2Config, params: int, sched: Schedule, cfg: 
     if offload:
         comms += 12 * params / OFFLOAD_BYTES_S
     step = compute + latency + comms
-    eval_tokens = sched.eval_rows * world_size * L
+    eval_tokens = sched.eval_rows * world_size * segment_length
     eval_step = (2.0 * params * eval_tokens / (world_size * A100_BF16_PEAK * MFU) + block_latency / 3 + engine)
     eval_s = sched.eval_steps * eval_step
     hours = (sched.total_steps * step + eval_s) / 3600
     return Cost(step_s=step, compute_s=compute, latency_s=latency, comms_s=comms, eval_s=eval_s, hours=hours,
                 gpu_hours=hours * world_size)
 
-
-__all__ = ["APPROX_TOKENS", "Cost", "Schedule", "estimate_cost", "flops_per_token", "schedule"]
+__all__ = ["APPROX_TOKENS", "Cost", "Schedule", "estimate_cost", "flops_per_token", "schedule", "step_cost"]

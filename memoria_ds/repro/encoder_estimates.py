@@ -204,20 +204,9 @@ def estimate_cost(config: PretrainedConfig, params: int, sched: cost.Schedule, c
     block_latency = cost.BLOCK_LATENCY_S * layers
     engine = cost.MEMORY_STEP_S if _engrams(config) else 0.0
     latency = o.grad_accum * o.bptt_segments * (block_latency + engine) + cost.OPTIMIZER_STEP_S
-    comms = 0.0
-    if world_size > 1:
-        bandwidth = cost.INTER_NODE_BYTES_S if num_nodes > 1 else cost.INTRA_NODE_BYTES_S
-        comms = 2 * 2 * params / bandwidth * (1.5 if zero_stage == 3 else 1.0)
-    if offload:
-        comms += 12 * params / cost.OFFLOAD_BYTES_S
-    step = compute + latency + comms
-    eval_tokens = sched.eval_rows * world_size * L
-    eval_step = 2.0 * params * eval_tokens / (world_size * cost.A100_BF16_PEAK * cost.MFU) + block_latency / 3 + engine
-    eval_s = sched.eval_steps * eval_step
-    hours = (sched.total_steps * step + eval_s) / 3600
-    return cost.Cost(step_s=step, compute_s=compute, latency_s=latency, comms_s=comms, eval_s=eval_s, hours=hours,
-                     gpu_hours=hours * world_size)
-
+    return cost.step_cost(compute=compute, latency=latency, params=params, sched=sched, segment_length=L,
+                          world_size=world_size, num_nodes=num_nodes, zero_stage=zero_stage, offload=offload,
+                          block_latency=block_latency, engine=engine)
 
 __all__ = ["PUBLISHED_ENCODERS", "activation_bytes", "attended_keys", "backbone_config", "count_parameters",
            "document_counts", "encoder_model_config", "engram_row", "estimate_cost", "flops_per_token", "footprint",

@@ -114,3 +114,15 @@ def move_two_ranks_to_one(tmp_path: Path, *overrides: str) -> None:
     b = {r["step"]: r["loss"] for r in metrics(moved)}
     assert a[1] == b[1] and a[2] == b[2], "same two steps before the move"
     assert abs(a[3] - b[3]) < 1e-4 * abs(a[3]), f"step 3 after 2 -> 1: {b[3]} vs uninterrupted {a[3]}"
+
+
+def killed_and_resumed(run, whole: Path, killed: Path, *, kill_after: int, **kw) -> tuple[dict, dict]:
+    """`run(dir, *overrides, **kw)` whole, then killed after step `kill_after` and resumed (`resume=auto`):
+    the two runs' training losses by step."""
+    from memoria_ds.train.faults import EXIT_CODE
+
+    check(run(whole, **kw))
+    proc = run(killed, fault=f"kill_after_step:{kill_after}", **kw)
+    assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
+    check(run(killed, "checkpoint.resume=auto", **kw))
+    return losses_by_step(whole), losses_by_step(killed)

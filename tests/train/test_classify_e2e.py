@@ -17,7 +17,7 @@ from memoria_ds.train.faults import EXIT_CODE
 from .classify_util import classify_args, run_args
 from memoria_ds.eval.result import read_results
 
-from .launch_util import ROOT, check, losses_by_step, run_training
+from .launch_util import ROOT, check, killed_and_resumed, losses_by_step, run_training
 from .test_evaluate_e2e import evaluate
 
 DS = f"deepspeed={ROOT / 'ds_configs' / 'cpu.json'}"
@@ -33,11 +33,8 @@ def _run(run, tmp_path, *extra, **kw):
 
 def test_two_rank_kill_and_resume_equals_uninterrupted(tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    check(_run(whole, tmp_path, ranks=2))
-    proc = _run(killed, tmp_path, ranks=2, fault="kill_after_step:6")
-    assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
-    check(_run(killed, tmp_path, "checkpoint.resume=auto", ranks=2))
-    a, b = losses_by_step(whole), losses_by_step(killed)
+    a, b = killed_and_resumed(lambda run, *extra, **kw: _run(run, tmp_path, *extra, **kw), whole, killed,
+                              kill_after=6, ranks=2)
     assert set(a) == set(b) == set(range(1, 9))
     for step in (5, 6, 7, 8):  # trained after the resume from step 4 (steps 1-2: document 1, 3-4: ...)
         assert a[step] == b[step], f"step {step}: uninterrupted {a[step]!r} vs resumed {b[step]!r}"

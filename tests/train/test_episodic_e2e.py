@@ -13,10 +13,9 @@ import torch
 
 from memoria_ds.episodic import EpisodicMemory
 from memoria_ds.train.checkpoints import find_latest, load_shard
-from memoria_ds.train.faults import EXIT_CODE
 
 from .classify_util import classify_args, run_args
-from .launch_util import ROOT, check, losses_by_step, run_training
+from .launch_util import ROOT, check, killed_and_resumed, run_training
 
 DS = f"deepspeed={ROOT / 'ds_configs' / 'cpu.json'}"
 # 2 ranks x 2 documents per step: a replay of 4 documents (2 per rank) after every 3rd step (12 documents)
@@ -39,11 +38,8 @@ def _shard(run, rank):
 
 def test_writes_replays_and_an_exact_resume_on_two_ranks(tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    check(_run(whole, tmp_path, ranks=2))
-    proc = _run(killed, tmp_path, ranks=2, fault="kill_after_step:6")
-    assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
-    check(_run(killed, tmp_path, "checkpoint.resume=auto", ranks=2))
-    a, b = losses_by_step(whole), losses_by_step(killed)
+    a, b = killed_and_resumed(lambda run, *extra, **kw: _run(run, tmp_path, *extra, **kw), whole, killed,
+                              kill_after=6, ranks=2)
     assert set(a) == set(b) == set(range(1, 9))
     for step in (5, 6, 7, 8):  # after the resume from step 4, with the replay after step 6
         assert a[step] == b[step], f"step {step}: uninterrupted {a[step]!r} vs resumed {b[step]!r}"

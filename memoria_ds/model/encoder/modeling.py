@@ -85,8 +85,8 @@ class MemoriaEncoderModel:
         if not cfg.use_memory:  # the backbone's classifier alone (preset `backbone`)
             self.abstractor = None
             return
-        self.abstractor = Abstractor(dim=cfg.hidden_size, num_queries=cfg.memoria_config.num_wm, ffn_dim=cfg.intermediate_size,
-                                     activation=cfg.hidden_act, style=cfg.abstractor_style)
+        self.abstractor = Abstractor(dim=cfg.hidden_size, num_queries=cfg.memoria_config.num_wm,
+                                     ffn_dim=cfg.intermediate_size, activation=cfg.hidden_act, style=cfg.abstractor_style)
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
