@@ -169,6 +169,26 @@ class DocumentStreams(ExampleStreams):
             tasks=torch.from_numpy(tasks.copy()) if self.has_tasks else None,
         )
 
+    def task_end_steps(self, bptt_segments: int, total_steps: int) -> list[int]:
+        """The training steps after which a task's last document has been read (documents in order: a
+        lifelong run's tasks in turn), every epoch, up to `total_steps`: where the forgetting curve is read.
+        A task ends where the next document's task differs, and at the epoch's end; the step is the one
+        that completes the batch holding that document (a batch may hold the next task's first documents).
+
+        Raises:
+            ValueError: the documents are shuffled, or have no `task` column.
+        """
+        if self.shuffle or not self.has_tasks:
+            raise ValueError("task ends need the documents in order (shuffle off) and a `task` column")
+        tasks = np.asarray(self.dataset["task"])[: self.num_batches * self.batch_size]  # (drop_last: the rest unread)
+        last = np.flatnonzero(tasks[1:] != tasks[:-1]).tolist() + [len(tasks) - 1]  # each task's last document
+        ends: set[int] = set()
+        for epoch in range(math.ceil(total_steps * bptt_segments / self.steps_per_epoch)):
+            for p in last:
+                segments = epoch * self.steps_per_epoch + (p // self.batch_size + 1) * self.segments_per_example
+                ends.add(math.ceil(segments / bptt_segments))
+        return sorted(e for e in ends if e <= total_steps)
+
     def has_targets(self, step: int) -> bool:
         """Every segment of a batch may hold labelled rows."""
         return True

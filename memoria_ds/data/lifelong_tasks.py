@@ -4,12 +4,17 @@ scale (MbPA++, docs/episodic.md).
 Each task has its own classes (no class is shared between tasks, as in the paper's five data sets
 whose 33 classes are mostly disjoint) and its own cue vocabulary: a document is a passage of *Alice's
 Adventures in Wonderland* (memoria_ds/assets/alice29.txt, public domain; `words` words from a random
-start) with the sentence "The sign here is <cue>." inserted at a random place, where <cue> is one of
-the words of its class (`CUES_PER_CLASS` words the book never uses, made here). A model that learns the
-tasks one after another, without replay, drifts to the last task's classes and forgets the earlier ones;
-the memory's job is to keep them.
+start) with `cues` words of its class inserted at random places, as a topic's words are scattered through
+a news article (each drawn from the class's `CUES_PER_CLASS` words, which the book never uses, made
+here). A model that learns the tasks one after another, without replay, drifts to the last task's
+classes and forgets the earlier ones; the memory's job is to keep them.
 
-    files = write_lifelong_tasks("data/lifelong", tasks=4, classes=3, counts={"train": 300, "test": 60})
+Scattered cues rather than one: with a single cue word (a needle among the passage's words) a tiny
+encoder learned the first task and then none of the later ones (its loss stayed at ln 3 for the new
+classes: the attention had stopped looking at new words); with four, every task is learned in its turn
+(docs/episodic.md, "The CPU study").
+
+    files = write_lifelong_tasks("data/lifelong", tasks=4, classes=3, counts={"train": 4000, "test": 60})
     # files["train"]: [task0/train.jsonl, task1/train.jsonl, ...] in task order; rows {"text", "label", "task"}
     # labels are "t<task>c<class>" (12 in all here); files["test"]: every task's test documents
     tokenizer = write_task_tokenizer("data/lifelong/tokenizer", tasks=4, classes=3)   # the book's words + the cues
@@ -54,15 +59,16 @@ def label_name(task: int, cls: int) -> str:
 
 
 def write_lifelong_tasks(out_dir: str | Path, *, tasks: int = 4, classes: int = 3,
-                         counts: dict[str, int] | None = None, words: int = 40, order: list[int] | None = None,
-                         seed: int = 0) -> dict[str, list[str]]:
+                         counts: dict[str, int] | None = None, words: int = 20, cues: int = 4,
+                         order: list[int] | None = None, seed: int = 0) -> dict[str, list[str]]:
     """Write each task's splits to `<out_dir>/task<i>/<split>.jsonl`; returns `data.files` with the tasks of
     each split in `order` (the training order).
 
     Args:
         tasks / classes: how many tasks, and classes per task.
         counts: documents per task and split (`train`, `test`), classes balanced in turn.
-        words: words of the book per document (the cue sentence adds 5).
+        words: words of the book per document.
+        cues: cue words of the document's class inserted into it, each at a random place.
         order: the task order (a permutation of range(tasks)); default 0, 1, ...
         seed: the passages, positions, cues and orders drawn.
 
@@ -73,13 +79,13 @@ def write_lifelong_tasks(out_dir: str | Path, *, tasks: int = 4, classes: int = 
     order = list(range(tasks)) if order is None else list(order)
     if sorted(order) != list(range(tasks)):
         raise ValueError(f"order {order} must be a permutation of the {tasks} tasks")
-    if tasks < 1 or classes < 2 or words < 5:
-        raise ValueError(f"need at least 1 task, 2 classes and 5 words (got {tasks}, {classes}, {words})")
+    if tasks < 1 or classes < 2 or words < 5 or cues < 1:
+        raise ValueError(f"need at least 1 task, 2 classes, 5 words and 1 cue (got {tasks}, {classes}, {words}, {cues})")
     unknown = sorted(set(counts) - set(SPLIT_SPANS))
     if unknown:
         raise ValueError(f"unknown split(s) {unknown}; use {sorted(SPLIT_SPANS)}")
     book = book_words()
-    cues = cue_words(tasks, classes)
+    vocabulary = cue_words(tasks, classes)
     out = Path(out_dir)
     files: dict[str, list[str]] = {}
     for split, n in counts.items():
@@ -95,8 +101,8 @@ def write_lifelong_tasks(out_dir: str | Path, *, tasks: int = 4, classes: int = 
                 for cls in labels:
                     start = rng.randrange(len(part) - words)
                     passage = part[start: start + words]
-                    at = rng.randrange(words + 1)
-                    passage[at:at] = ["The", "sign", "here", "is", f"{rng.choice(cues[(task, cls)])}."]
+                    for _ in range(cues):
+                        passage.insert(rng.randrange(len(passage) + 1), rng.choice(vocabulary[(task, cls)]))
                     f.write(json.dumps({"text": " ".join(passage), "label": label_name(task, cls), "task": task})
                             + "\n")
             files.setdefault(split, []).append(str(path))

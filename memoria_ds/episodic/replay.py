@@ -32,7 +32,8 @@ class ReplaySchedule:
     """Replay `replay_size` stored examples once per `replay_every` examples seen.
 
     Attributes:
-        replay_every: new examples between replays (paper: 10,000).
+        replay_every: new examples between replays (paper: 10,000); 0: never (the memory is kept for local
+            adaptation alone, the paper's "local adaptation only" baseline).
         replay_size: examples per replay batch (paper: 100).
         seen: examples trained on so far (not counting replayed ones).
     """
@@ -42,10 +43,10 @@ class ReplaySchedule:
     seen: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("replay_every", "replay_size"):
+        for name, least in (("replay_every", 0), ("replay_size", 1)):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"`{name}` must be a positive int, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"`{name}` must be an int >= {least}, got {value!r}")
         if not isinstance(self.seen, int) or isinstance(self.seen, bool) or self.seen < 0:
             raise ValueError(f"`seen` must be a non-negative int, got {self.seen!r}")
 
@@ -58,6 +59,8 @@ class ReplaySchedule:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 0:
             raise ValueError(f"`batch_size` must be an int >= 0 (examples in the batch), got {batch_size!r}")
         seen = self.seen + batch_size
+        if self.replay_every == 0:
+            return replace(self, seen=seen), 0
         return replace(self, seen=seen), seen // self.replay_every - self.seen // self.replay_every
 
     def state_dict(self) -> dict[str, int]:

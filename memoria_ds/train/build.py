@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from datasets.exceptions import DatasetGenerationError
 from torch import nn
-from transformers import AutoConfig, BertConfig, GPT2Config, RobertaConfig
+from transformers import AutoConfig, BertConfig, GPT2Config, PretrainedConfig, RobertaConfig
 
 from ..data import TokenCorpus, input_length_for, local_documents, prepare_corpus, sorting_dataset
 from ..data.labelled import load_labelled_documents
@@ -218,12 +218,12 @@ def build_run_encoder(cfg: RunConfig, vocab_size: int | None, label_names: list[
                                                       **targets))
 
 
-def _encoder_source(m: ModelSection, vocab_size: int | None) -> BertConfig | RobertaConfig | str:
-    """What a classifier is built from: a from-scratch `bert` / `roberta` config with the documents'
+def _encoder_source(m: ModelSection, vocab_size: int | None) -> PretrainedConfig | str:
+    """What a classifier is built from: a from-scratch `bert` / `roberta` / `gpt2` config with the documents'
     vocabulary (unless `settings` names one; its other sizes come from `settings`), else the checkpoint."""
     if not m.from_scratch:
         return m.backbone
-    shape = BertConfig if m.backbone == "bert" else RobertaConfig
+    shape = {"bert": BertConfig, "gpt2": GPT2Config}.get(m.backbone, RobertaConfig)
     return shape(**({"vocab_size": vocab_size} if vocab_size is not None and "vocab_size" not in m.settings else {}))
 
 
@@ -249,8 +249,9 @@ def run_model_config(cfg: RunConfig, vocab_size: int | None = None) -> MemoriaGP
     m = cfg.model
     if m.task == "classification":
         source = _encoder_source(m, vocab_size)
-        if m.preset == "backbone" and not m.from_scratch and is_plain_classifier(AutoConfig.from_pretrained(source)):
-            return plain_classifier_config(source, **m.settings)  # Longformer, BigBird: HF's own config
+        saved = source if isinstance(source, PretrainedConfig) else AutoConfig.from_pretrained(source)
+        if m.preset == "backbone" and is_plain_classifier(saved):
+            return plain_classifier_config(saved, **m.settings)  # Longformer, BigBird, GPT-2: HF's own config
         return encoder_config(source, m.preset, **m.settings)
     backbone, settings = _model_source(cfg, vocab_size)
     return build_config(backbone, cfg.model.preset, **settings)

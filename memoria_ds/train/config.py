@@ -31,7 +31,8 @@ from ..model.config import check_model_settings, position_banks, resolve_preset
 from ..model.families import FAMILIES, family_of_preset
 from ..setting_rules import SettingError
 
-ENCODER_BACKBONES = ("bert", "roberta")  # `model.backbone` of a from-scratch encoder (task: classification)
+# `model.backbone` of a from-scratch classifier (task: classification); GPT-2's only as preset `backbone`
+ENCODER_BACKBONES = ("bert", "roberta", "gpt2")
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
@@ -150,6 +151,8 @@ class ModelSection(Section):
         if self.from_scratch and self.backbone not in ENCODER_BACKBONES:
             raise ValueError(f"`model.backbone` {self.backbone!r} with `model.from_scratch`: give {ENCODER_BACKBONES} "
                              f"(its sizes in `model.settings`), or a BERT / RoBERTa checkpoint without from_scratch")
+        if self.from_scratch and self.backbone == "gpt2":
+            return self._check_gpt2_classifier()
         known = set(MemoriaBertConfig().to_dict()) | set(MemoriaRobertaConfig().to_dict()) | {"memoria", "num_labels"}
         unknown = sorted(set(self.settings) - known)
         if unknown:
@@ -161,6 +164,21 @@ class ModelSection(Section):
             raise e.within("model.settings") from None
         if self.compile is not None:
             raise ValueError("`model.compile` is not supported with `model.task: classification` yet; leave it unset")
+        return self
+
+
+    def _check_gpt2_classifier(self):
+        """A from-scratch GPT-2 classifier: HF's, without a memory (preset `backbone`), of GPT2Config's sizes."""
+        from transformers import GPT2Config
+
+        if self.preset != "backbone":
+            raise ValueError(f"a GPT-2 classifier is HF's GPT2ForSequenceClassification without a memory: set "
+                             f"`model.preset=backbone` (got {self.preset!r})")
+        config = GPT2Config()
+        unknown = sorted(k for k in self.settings if k != "num_labels" and not hasattr(config, k))
+        if unknown:
+            raise ValueError(f"unknown `model.settings` key(s) {unknown} for a GPT-2 classifier; they are GPT2Config "
+                             f"fields (n_layer, n_embd, n_head, n_positions, ...)")
         return self
 
 
@@ -426,7 +444,8 @@ class EpisodicSection(Section):
     Args:
         enabled: keep the episodic memory and replay from it.
         write_prob: the chance each document is written (the paper: 1; 0.5 and 0.1 cost little).
-        replay_every: documents read between replays (the paper: 10,000).
+        replay_every: documents read between replays (the paper: 10,000); 0: no replay, the memory written for
+            local adaptation alone (the paper's baseline "local adaptation only").
         replay_size: documents per replay update, over all ranks (the paper: 100).
         neighbours / adapt_steps / adapt_lr / adapt_l2: local adaptation, read by the `adapted` evaluation
             (`eval.protocols`): K nearest documents of the whole memory (every rank's), L plain gradient steps
@@ -450,9 +469,9 @@ class EpisodicSection(Section):
         if self.neighbours < 1 or self.adapt_steps < 0 or not (self.adapt_lr > 0 and self.adapt_l2 >= 0):
             raise ValueError("`episodic.neighbours` must be >= 1, `adapt_steps` >= 0, `adapt_lr` > 0 and `adapt_l2` "
                              ">= 0 (the paper: 32, 30, 1e-3, 1e-3)")
-        if self.replay_every < 1 or self.replay_size < 1:
-            raise ValueError("`episodic.replay_every` and `episodic.replay_size` must be at least 1 (the paper: "
-                             "10000 and 100)")
+        if self.replay_every < 0 or self.replay_size < 1:
+            raise ValueError("`episodic.replay_every` must be >= 0 (0: no replay) and `episodic.replay_size` >= 1 "
+                             "(the paper: 10000 and 100)")
         return self
 
 
@@ -626,10 +645,12 @@ class EvalSection(Section):
     trace: bool = False
     knn_lm: KNNLMSection = Field(default_factory=KNNLMSection)
     aggregate: Literal["last", "mean"] = "last"
+    after_each_task: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def check(self):
-        bad = [p for p in self.protocols if p not in PROTOCOL_NAMES and not p.startswith(FORGET) and p != ADAPTED]
+        bad = [p for p in [*self.protocols, *self.after_each_task]
+               if p not in PROTOCOL_NAMES and not p.startswith(FORGET) and p != ADAPTED]
         if bad:
             raise ValueError(f"unknown eval protocol(s) {bad}; use any of `full`, `paper`, `memoryless`, or "
                              f"`memoryless_<part>` for a part of a composite memory (`memoryless_xl`), or `{ADAPTED}` "
@@ -686,6 +707,9 @@ class RunConfig(Section):
         if (self.model.task == "classification") != (self.data.corpus == "documents"):
             raise ValueError("`model.task: classification` reads labelled documents and only them: set both "
                              "`model.task: classification` and `data.corpus: documents`, or neither")
+        if self.eval.after_each_task and self.model.task != "classification":
+            raise ValueError("`eval.after_each_task` reads a lifelong run's tasks: it needs `model.task: "
+                             "classification` with `data.corpus: documents` and `data.in_order=true`")
         if ADAPTED in self.eval.protocols and self.model.task != "classification":
             raise ValueError(f"`eval.protocols` `{ADAPTED}` (MbPA++'s local adaptation) scores a classifier")
         if self.model.task == "classification":
@@ -740,7 +764,7 @@ class RunConfig(Section):
         A pretrained backbone reads its own tokenizer's ids unless `data.tokenizer` names another."""
         if self.data.tokenizer is None and not self.model.from_scratch:
             self.data.tokenizer = self.model.backbone  # written so in the run's config.yaml
-        positions = self.model.settings.get("max_position_embeddings", 512)
+        positions = self.model.settings.get("max_position_embeddings", self.model.settings.get("n_positions", 512))
         if self.model.from_scratch and self.data.segment_length > positions - 2:  # RoBERTa's positions start at 2
             raise ValueError(f"`data.segment_length` ({self.data.segment_length}) needs max_position_embeddings of at "
                              f"least {self.data.segment_length + 2}; set `model.settings.max_position_embeddings`")
@@ -755,7 +779,11 @@ class RunConfig(Section):
             raise ValueError("`eval.knn_lm` interpolates a language model; a classifier is scored by accuracy and "
                              "F1: set `eval.knn_lm.enabled=false`")
         wrong = [p for p in self.eval.protocols if p not in ("full", "memoryless", ADAPTED)]
-        if ADAPTED in self.eval.protocols and not self.episodic.enabled:
+        if self.eval.after_each_task and not self.data.in_order:
+            raise ValueError("`eval.after_each_task` reads each task as it ends: the tasks must come in turn "
+                             "(`data.in_order=true`, one file or block of documents per task)")
+        wrong += [p for p in self.eval.after_each_task if p not in ("full", "memoryless", ADAPTED)]
+        if ADAPTED in [*self.eval.protocols, *self.eval.after_each_task] and not self.episodic.enabled:
             raise ValueError(f"`eval.protocols` `{ADAPTED}` adapts to the episodic memory's neighbours: set "
                              f"`episodic.enabled=true`")
         if wrong:
@@ -764,7 +792,7 @@ class RunConfig(Section):
         if self.lora.enabled and self.model.from_scratch:
             raise ValueError("LoRA adapts a pretrained backbone: set `lora.enabled: false` for `model.from_scratch`")
         splits = sorted(self.data.files) if self.data.files else ["test", "train", "validation"]
-        if (self.eval.at_end or self.eval.every) and self.eval.split not in splits:
+        if (self.eval.at_end or self.eval.every or self.eval.after_each_task) and self.eval.split not in splits:
             raise ValueError(f"`eval.split` {self.eval.split!r} is not among the documents' splits {splits}; choose "
                              f"one, or set `eval.at_end=false`")
         return self

@@ -19,6 +19,7 @@ The key encoder is the encoder of a second copy of the classifier, built as the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -173,9 +174,53 @@ def whole_memory(local: EpisodicMemory) -> EpisodicMemory:
     return concat([EpisodicMemory.from_state_dict(sd, key_dim=local.key_dim, device=local.device) for sd in states])
 
 
+def adapter_from_run(run_cfg: Any, run_dir: Path, model: torch.nn.Module, vocab_size: int | None,
+                     settings: EpisodicSection, device: torch.device) -> tuple[LocalAdapter, int]:
+    """MbPA++'s local adaptation for the evaluate command: every rank's episodic memory from the run's newest
+    checkpoint (in rank order, as the run's own evaluation gathers it) and the key network rebuilt as the run
+    built it (its config and seed: the classifier before any update), checked against the keys stored.
+
+    Args:
+        run_cfg: the run's own configuration (config.yaml); `settings`: the `episodic` section to adapt with.
+        model: the trained classifier being scored.
+
+    Returns:
+        The adapter and the checkpoint's step.
+
+    Raises:
+        ValueError: no complete checkpoint, shards without an episodic memory, keys the rebuilt key network
+            does not give.
+    """
+    from .build import build_run_model
+    from .checkpoints import find_latest, load_shard
+    from .checkpoints.shards import seed_everything
+
+    checkpoint, skipped = find_latest(Path(run_dir) / "checkpoints")
+    if checkpoint is None:
+        raise ValueError(f"{run_dir} has no complete checkpoint holding the episodic memory"
+                         + (f" ({skipped[0]})" if skipped else ""))
+    parts = []
+    for rank in range(checkpoint.world_size):
+        state = load_shard(checkpoint, rank).get("episodic")
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise ValueError(f"{checkpoint.path}: rank {rank}'s shard holds no episodic memory (was the run started "
+                             f"without `episodic.enabled`?)")
+        parts.append(EpisodicMemory.from_state_dict(state["memory"], device=device))
+    memory = concat(parts)
+    id2label = model.config.id2label
+    seed_everything(run_cfg.seed)  # the run's initial weights: its key network
+    keys = KeyEncoder(build_run_model(run_cfg, vocab_size, [id2label[i] for i in range(len(id2label))])).to(device)
+    probe = min(len(memory), 8)
+    if probe and not torch.allclose(keys(memory.input_ids[:probe], memory.attention_mask()[:probe]), memory.keys[:probe],
+                                    atol=1e-4, rtol=1e-4):
+        raise ValueError(f"the key network rebuilt from {run_dir}/config.yaml does not give the keys its memory "
+                         f"holds (was the backbone changed since the run?)")
+    return LocalAdapter(model, keys, memory, settings), checkpoint.step
+
+
 def replays_in_run(settings: EpisodicSection, documents_per_step: int, steps: int) -> int:
     """Replay updates a run of `steps` steps of `documents_per_step` documents makes (the schedule's length)."""
-    return documents_per_step * steps // settings.replay_every
+    return documents_per_step * steps // settings.replay_every if settings.replay_every else 0
 
 
-__all__ = ["EpisodicTraining", "LocalAdapter", "replays_in_run", "whole_memory"]
+__all__ = ["EpisodicTraining", "LocalAdapter", "adapter_from_run", "replays_in_run", "whole_memory"]

@@ -137,10 +137,10 @@ def parse(argv: list[str] | None) -> tuple[RunConfig, str, Path | None, Path, Pa
         raise ConfigError(f"--memory {memory}: no such snapshot file (write one with memoria_ds.model.save_snapshot)")
     if memory is not None and cfg.data.corpus == "sorting":
         raise ConfigError("--memory: the sorting task starts every example from an empty memory")
-    if "adapted" in cfg.eval.protocols:
-        raise ConfigError("`adapted` (MbPA++'s local adaptation) is scored by the training run's own evaluation: "
-                          "this command does not read the episodic memory yet; pass eval.protocols=[full, memoryless]")
     baseline = load(RunConfig, str(run_dir / "config.yaml"), []) if run_dir is not None else None
+    if "adapted" in cfg.eval.protocols and (baseline is None or not baseline.episodic.enabled):
+        raise ConfigError("`adapted` (MbPA++'s local adaptation) reads the episodic memory in a run's checkpoint: "
+                          "give the directory of a run trained with `episodic.enabled=true`")
     return cfg, source, run_dir, out, memory, baseline
 
 
@@ -167,7 +167,9 @@ def load_model(source: str, device, precision: str, *, verified: bool = False):
     saved = AutoConfig.from_pretrained(source)
     if isinstance(saved, EncoderMemoryFields):  # a Memoria BERT / RoBERTa classifier
         return MODEL_FOR_CONFIG[type(saved)].from_pretrained(source, dtype=dtype).to(device).eval()
-    if saved.model_type in PLAIN_CLASSIFIERS:  # a Longformer / BigBird classifier (no memory)
+    classifier = any(a.endswith("ForSequenceClassification") for a in saved.architectures or [])
+    if saved.model_type in PLAIN_CLASSIFIERS and (saved.model_type != "gpt2" or classifier):
+        # a Longformer / BigBird / GPT-2 classifier (no memory); a GPT-2 language model is scored as one below
         return PLAIN_CLASSIFIERS[saved.model_type].from_pretrained(source, dtype=dtype).to(device).eval()
     family = family_of_config(saved)  # a Memory Mosaic, a MemSizer: Contract 2 as it is
     if family is not None:
@@ -193,7 +195,8 @@ def _snapshot_rows(path: Path, model, source: str, device):
 
 
 # Settings that change nothing evaluate scores (split and protocol are in the file names)
-UNSCORED = frozenset({"data.num_proc", "eval.every", "eval.split", "eval.protocols", "eval.at_end", "eval.trace"})
+UNSCORED = frozenset({"data.num_proc", "eval.every", "eval.split", "eval.protocols", "eval.at_end", "eval.trace",
+                      "eval.after_each_task"})
 
 
 def scoring_settings(cfg: RunConfig, world_size: int) -> dict[str, Any]:
@@ -206,6 +209,7 @@ def scoring_settings(cfg: RunConfig, world_size: int) -> dict[str, Any]:
         return out
 
     found = {**flat("data", to_dict(cfg.data)), **flat("eval", to_dict(cfg.eval)),
+             **flat("episodic", to_dict(cfg.episodic)),
              "optim.precision": cfg.optim.precision, "eval.num_streams": cfg.eval.num_streams or world_size}
     return {k: v for k, v in found.items() if k not in UNSCORED}
 
@@ -233,12 +237,13 @@ def results_suffix(cfg: RunConfig, baseline: RunConfig | None, world_size: int,
 
 
 def run(cfg: RunConfig, source: str, out: Path, info, memory: Path | None = None,
-        baseline: RunConfig | None = None) -> list[Any]:
+        baseline: RunConfig | None = None, run_dir: Path | None = None) -> list[Any]:
     """Score `source` as `cfg` says and write the results into `out` (rank 0).
 
     Args:
         baseline: the run's own configuration; results with other scoring settings get their own
             names (`results_suffix`). None: not a run, every result keeps the plain name.
+        run_dir: the run's directory (`adapted` reads its checkpoint's episodic memory).
     """
     import torch
 
@@ -286,12 +291,21 @@ def run(cfg: RunConfig, source: str, out: Path, info, memory: Path | None = None
         traces.extend([out / f"trace_{name}.jsonl", out / f"memory_{name}.safetensors"])
         return MemoryTrace(traces[-2], state_path=traces[-1], memoria_config=memoria, graph_every=10)
 
+    adapter = None
+    if "adapted" in cfg.eval.protocols:  # (parse checked that this is a run trained with an episodic memory)
+        from .episodic import adapter_from_run
+
+        adapter, step = adapter_from_run(baseline, run_dir, model, corpus.metadata.get("vocab_size"), cfg.episodic,
+                                         info.device)
+        if info.is_main:
+            print(f"adapted: the episodic memory of {run_dir}/checkpoints step {step}, {len(adapter.memory)} "
+                  f"documents of every rank", flush=True)
     with torch.no_grad():
         results = evaluate_split(
             model, corpus, data=cfg.data, evaluation=cfg.eval, label=f"{source}@{cfg.eval.split}", rank=info.rank,
             world_size=info.world_size, device=info.device, out_dir=out,
             sorting_batch_size=cfg.optim.micro_batch_size * info.world_size, trace=trace, memory_for=memory_for,
-            train_corpus=corpora.get("train"), suffix=suffix,
+            train_corpus=corpora.get("train"), suffix=suffix, adapter=adapter,
         )
     if info.is_main:
         for r in results:
@@ -317,7 +331,7 @@ def _short(value: Any, limit: int = 40) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        cfg, source, _, out, memory, baseline = parse(argv)
+        cfg, source, run_dir, out, memory, baseline = parse(argv)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -327,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     info = dist_utils.init_distributed(use_deepspeed=False)
     code = 0
     try:
-        run(cfg, source, out, info, memory, baseline)
+        run(cfg, source, out, info, memory, baseline, run_dir)
     except (ConfigError, OSError, ValueError, DataPreparationFailed) as e:
         print(f"error (rank {info.rank}): {e}", file=sys.stderr, flush=True)
         code = 2 if isinstance(e, ConfigError) else 1

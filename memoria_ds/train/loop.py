@@ -187,9 +187,10 @@ def _steps(ctx: RunContext, state: RunState, writer: MetricsWriter, window: _Win
         logged = done % cfg.log.every == 0 or done == ctx.total_steps
         if logged:
             last_loss = _log_window(ctx, state, writer, done, window, step_stats)
-        if cfg.eval.every and done % cfg.eval.every == 0 and done != ctx.total_steps:
+        periodic = bool(cfg.eval.every and done % cfg.eval.every == 0)
+        if (periodic or done in ctx.task_ends) and done != ctx.total_steps:
             _stop_if_nonfinite(ctx, window)
-            evaluate(ctx, state, writer, done)
+            evaluate(ctx, state, writer, done, None if periodic else cfg.eval.after_each_task)
         saved = bool(cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or done == ctx.total_steps
         if saved:
             _stop_if_nonfinite(ctx, window)
@@ -357,20 +358,23 @@ def _log_window(ctx: RunContext, state: RunState, writer: MetricsWriter, step: i
     return loss
 
 
-def evaluate(ctx: RunContext, state: RunState, writer: MetricsWriter, step: int) -> list[EvalResult]:
+def evaluate(ctx: RunContext, state: RunState, writer: MetricsWriter, step: int,
+             protocols: list[str] | None = None) -> list[EvalResult]:
+    """Evaluate `eval.split` by `protocols` (default `eval.protocols`) at `step`, and log it."""
     cfg = ctx.cfg
     corpus = ctx.corpora.get(cfg.eval.split)
     if corpus is None:
         return []
+    evaluation = cfg.eval if protocols is None else cfg.eval.model_copy(update={"protocols": list(protocols)})
     state.engine.eval()
     results = evaluate_split(
-        state.model, corpus, data=cfg.data, evaluation=cfg.eval, rank=ctx.info.rank,
+        state.model, corpus, data=cfg.data, evaluation=evaluation, rank=ctx.info.rank,
         world_size=ctx.info.world_size, device=ctx.device, out_dir=_eval_dir(ctx),
         label=(f"{cfg.model.preset}@step_{step:08d}" if cfg.data.corpus == "sorting"
                else f"{cfg.model.backbone}:{cfg.model.preset}@step_{step:08d}"),
         sorting_batch_size=ctx.num_streams,
         trace=functools.partial(_trace, ctx) if step == ctx.total_steps and cfg.data.corpus != "documents" else None,
-        train_corpus=ctx.corpora.get("train"), adapter=_adapter(ctx, state),
+        train_corpus=ctx.corpora.get("train"), adapter=_adapter(ctx, state, evaluation.protocols),
     )
     for result in results:
         line, values = describe(result)
@@ -390,9 +394,9 @@ def evaluate(ctx: RunContext, state: RunState, writer: MetricsWriter, step: int)
     return results
 
 
-def _adapter(ctx: RunContext, state: RunState) -> LocalAdapter | None:
+def _adapter(ctx: RunContext, state: RunState, protocols: list[str]) -> LocalAdapter | None:
     """MbPA++'s local adaptation over every rank's episodic memory, for the `adapted` reading."""
-    if state.episodic is None or ADAPTED not in ctx.cfg.eval.protocols:
+    if state.episodic is None or ADAPTED not in protocols:
         return None
     return LocalAdapter(unwrap(state.model), state.episodic.keys, whole_memory(state.episodic.memory), ctx.cfg.episodic)
 

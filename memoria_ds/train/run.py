@@ -40,6 +40,7 @@ class RunContext:
         weights_at_start: the largest weight the run started from (kept across resumes), the
             baseline of the divergence check before each checkpoint (health.py).
         resumed: the checkpoint this run continued from, if any.
+        task_ends: the steps after which a task's last document has been read (`eval.after_each_task`).
     """
 
     cfg: RunConfig
@@ -53,6 +54,7 @@ class RunContext:
     memoria_config: MemoriaConfig | None
     weights_at_start: float = 0.0
     resumed: CheckpointInfo | None = None
+    task_ends: frozenset[int] = frozenset()
 
     @property
     def run_dir(self) -> Path:

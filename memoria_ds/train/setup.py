@@ -51,7 +51,7 @@ def _ds_config(cfg: RunConfig, info: DistInfo, precision: str, resumed: Checkpoi
     if cfg.model.compile is not None and ds["zero_optimization"]["stage"] == 3:
         raise ConfigError("`model.compile` is not supported under ZeRO-3 (its parameter gathers run as module "
                           "hooks inside the forward); use ZeRO-1/2 (ds_configs/zero2.json) or leave model.compile unset")
-    if ADAPTED in cfg.eval.protocols and ds["zero_optimization"]["stage"] == 3:
+    if ADAPTED in [*cfg.eval.protocols, *cfg.eval.after_each_task] and ds["zero_optimization"]["stage"] == 3:
         raise ConfigError("`eval.protocols` `adapted` adapts the whole weights per document, which ZeRO-3 holds in "
                           "partitions: use ZeRO-1/2 (ds_configs/zero2.json), or leave `adapted` out")
     if resumed is not None and resumed.world_size != info.world_size:
@@ -84,6 +84,17 @@ def _streams(cfg: RunConfig, info: DistInfo, corpus: Any, num_streams: int) -> T
         raise ConfigError(f"the training split is too small for this run ({e}); the settings: data.tail, "
                           f"data.segment_length, optim.micro_batch_size x optim.grad_accum x ranks = "
                           f"{num_streams} streams") from None
+
+
+def _task_ends(cfg: RunConfig, streams: Any, total_steps: int) -> list[int]:
+    """The steps that end a task, for `eval.after_each_task` (before any model is built)."""
+    if not cfg.eval.after_each_task:
+        return []
+    try:
+        return streams.task_end_steps(cfg.optim.bptt_segments, total_steps)
+    except ValueError:
+        raise ConfigError("`eval.after_each_task` needs each training document's task: give the documents a `task` "
+                          "column (an int; memoria_ds/data/lifelong_tasks.py writes one)") from None
 
 
 def _check_eval_split(cfg: RunConfig, info: DistInfo, corpus: Any) -> None:
@@ -209,6 +220,7 @@ def _build(cfg: RunConfig, info: DistInfo, lock: RunLock) -> tuple[RunContext, R
                           f"optim.max_steps")
     # optimizer updates (the learning-rate schedule's length): steps whose segment holds targets
     update_steps = streams.count_target_steps(total_steps)
+    task_ends = _task_ends(cfg, streams, total_steps)
     if resumed is not None and resumed.step > total_steps:
         raise ConfigError(f"checkpoint {resumed.path} is at step {resumed.step}, past this run's last step "
                           f"{total_steps} (optim.max_steps / optim.epochs): to train further set optim.max_steps "
@@ -255,7 +267,7 @@ def _build(cfg: RunConfig, info: DistInfo, lock: RunLock) -> tuple[RunContext, R
                      memoria_config=(getattr(config, "memoria_config", None) if classify  # (none: Longformer, BigBird)
                                      else config.memoria_config if "memoria" in memory_kinds(config.memory_type)
                                      else None),
-                     resumed=resumed)
+                     resumed=resumed, task_ends=frozenset(task_ends))
     state = RunState.fresh(engine, streams, cfg.optim.grad_accum, info.device, episodic)
     seed_everything(cfg.seed + 1000 * (info.rank + 1))  # dropout streams differ per rank
     if resumed is not None:

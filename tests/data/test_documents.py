@@ -114,3 +114,45 @@ def test_labels_map_to_a_trained_models_classes_when_a_split_lacks_one(tmp_path)
     assert trained.label_names == ["alpha", "beta", "gamma"] and trained.dataset["label"] == [2, 0]
     with pytest.raises(ValueError, match="not among the model's classes"):
         load_labelled_documents(files={"validation": [str(path)]}, splits=("validation",), label_names=["alpha"])
+
+
+def _task_stream(tasks, batch_size, max_segments=1, shuffle=False):
+    ds = _dataset([5] * len(tasks)).add_column("task", tasks)
+    return DocumentStreams(ds, batch_size=batch_size, segment_length=8, max_segments=max_segments, shuffle=shuffle,
+                           drop_last=True, pad_id=PAD, cls_id=CLS, sep_id=SEP)
+
+
+def _task_ends_by_walking(streams, bptt, total):
+    """Step by step: the steps after which every document of some task (in some epoch) has been read."""
+    K, B, n = streams.segments_per_example, streams.batch_size, streams.num_batches * streams.batch_size
+    tasks = list(streams.dataset["task"])[:n]
+    ends = []
+    for step in range(1, total + 1):
+        read_before = ((step - 1) * bptt // K) * B  # documents whose every segment has been read, all epochs
+        read_now = (step * bptt // K) * B
+        finished = [e * n + i for e in range(total * bptt // (K * streams.num_batches) + 1) for i in range(n)
+                    if i == n - 1 or tasks[i] != tasks[i + 1]]  # each task's last document, per epoch
+        if any(read_before <= j < read_now for j in finished):
+            ends.append(step)
+    return ends
+
+
+def test_task_ends_by_hand_and_against_a_walk():
+    tasks = [0] * 5 + [1] * 7 + [2] * 4  # 16 documents; batches of 3: 5 batches, the 16th document unread
+    streams = _task_stream(tasks, batch_size=3)
+    assert streams.task_end_steps(1, 10) == [2, 4, 5, 7, 9, 10]  # two epochs
+    assert streams.task_end_steps(1, 8) == [2, 4, 5, 7]
+    two = _task_stream(tasks, batch_size=3, max_segments=2)  # 2 segments a document
+    assert two.task_end_steps(1, 10) == [4, 8, 10] and two.task_end_steps(2, 10) == [2, 4, 5, 7, 9, 10]
+    for K, bptt, B, total in [(1, 1, 2, 13), (2, 1, 4, 12), (2, 2, 3, 9), (3, 3, 2, 16), (1, 1, 6, 6)]:
+        streams = _task_stream(tasks, batch_size=B, max_segments=K)
+        assert streams.task_end_steps(bptt, total) == _task_ends_by_walking(streams, bptt, total), (K, bptt, B)
+
+
+def test_task_ends_need_documents_in_order_with_tasks():
+    with pytest.raises(ValueError, match="in order"):
+        _task_stream([0, 0, 1, 1], batch_size=2, shuffle=True).task_end_steps(1, 2)
+    streams = DocumentStreams(_dataset([5] * 4), batch_size=2, segment_length=8, max_segments=1, pad_id=PAD,
+                              cls_id=CLS, sep_id=SEP)
+    with pytest.raises(ValueError, match="`task` column"):
+        streams.task_end_steps(1, 2)

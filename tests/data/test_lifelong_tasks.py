@@ -29,9 +29,10 @@ def test_tasks_have_their_own_classes_and_cues_in_the_given_order(tmp_path):
         docs = rows(path)
         assert {d["task"] for d in docs} == {task}
         assert Counter(d["label"] for d in docs) == {f"t{task}c0": len(docs) // 2, f"t{task}c1": len(docs) // 2}
-        for d in docs:  # the one cue sentence names a cue of the document's own class
-            cue = d["text"].split("The sign here is ", 1)[1].split(".", 1)[0]
-            assert cue in cues[(task, int(d["label"][-1]))]
+        for d in docs:  # 4 cue words, all of the document's own class, among the book's 20 words
+            found = [w for w in d["text"].split() if w in every]
+            assert len(found) == 4 and set(found) <= set(cues[(task, int(d["label"][-1]))])
+            assert len(d["text"].split()) == 24
     again = write_lifelong_tasks(tmp_path / "again", tasks=3, classes=2, counts={"train": 12, "test": 4},
                                  order=[2, 0, 1])
     assert rows(again["train"][0]) == rows(files["train"][0])  # seeded
@@ -56,3 +57,5 @@ def test_bad_settings_are_refused():
         write_lifelong_tasks("/tmp/never", tasks=2, order=[0, 0])
     with pytest.raises(ValueError, match="unknown split"):
         write_lifelong_tasks("/tmp/never", tasks=2, counts={"validation": 3})
+    with pytest.raises(ValueError, match="1 cue"):
+        write_lifelong_tasks("/tmp/never", tasks=2, cues=0)

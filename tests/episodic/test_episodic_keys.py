@@ -1,4 +1,4 @@
-"""KeyEncoder: a frozen, separate copy that makes fp32 first-token keys."""
+"""KeyEncoder: a frozen, separate copy that makes fp32 keys (the first token's state; a causal model's last)."""
 
 from __future__ import annotations
 
@@ -58,3 +58,27 @@ def test_bare_encoders_roberta_and_low_precision_give_float32_keys():
     with torch.no_grad():
         expected = roberta.roberta(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0]
     assert torch.equal(encoder(ids, mask), expected)
+
+
+def test_a_causal_models_key_is_its_last_real_tokens_state_whatever_the_padding():
+    """GPT-2 sees the whole input only at its last token: the key is that token's state, so a document's key is
+    the same alone and right-padded in a batch (the first token would key every document by its first word)."""
+    import pytest
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    torch.manual_seed(0)
+    model = GPT2ForSequenceClassification(GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=16, n_layer=2,
+                                                     n_head=2, num_labels=3)).eval()
+    encoder = KeyEncoder(model)
+    assert encoder.pooling == "last" and KeyEncoder(model, pooling="first").pooling == "first"
+    ids = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 4:] = 0  # the second document has 4 tokens
+    ids[1, 4:] = 0
+    keys = encoder(ids, mask)
+    with torch.no_grad():
+        alone = model.transformer(input_ids=ids[1:, :4]).last_hidden_state[0, -1]
+        whole = model.transformer(input_ids=ids[:1]).last_hidden_state[0, -1]
+    assert torch.allclose(keys[1], alone, atol=1e-6) and torch.allclose(keys[0], whole, atol=1e-6)
+    with pytest.raises(ValueError, match="`first` or `last`"):
+        KeyEncoder(model, pooling="mean")

@@ -39,9 +39,19 @@ def test_resuming_from_the_state_dict_continues_the_count():
     assert total == sum(sizes) // 10 and schedule.seen == sum(sizes)
 
 
+def test_replay_every_zero_never_replays_but_counts():
+    schedule, total = ReplaySchedule(replay_every=0), 0
+    for size in (3, 10_000, 7):
+        schedule, due = schedule.advance(size)
+        total += due
+    assert total == 0 and schedule.seen == 10_010
+
+
 def test_bad_settings_and_states_are_refused():
-    with pytest.raises(ValueError, match="`replay_every` must be a positive int"):
-        ReplaySchedule(replay_every=0)
+    with pytest.raises(ValueError, match="`replay_every` must be an int >= 0"):
+        ReplaySchedule(replay_every=-1)
+    with pytest.raises(ValueError, match="`replay_size` must be an int >= 1"):
+        ReplaySchedule(replay_size=0)
     with pytest.raises(ValueError, match="must be an int >= 0"):
         ReplaySchedule().advance(-1)
     state = ReplaySchedule(replay_every=10, seen=33).state_dict()

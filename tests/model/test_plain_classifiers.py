@@ -1,4 +1,4 @@
-"""Longformer and BigBird read by the classification loop without memory (`model/encoder/plain.py`): HF's
+"""Longformer, BigBird and GPT-2 read by the classification loop without memory (`model/encoder/plain.py`): HF's
 classes bit for bit, the loop's contract, plain HF checkpoints, and the refusals."""
 
 from __future__ import annotations
@@ -7,10 +7,12 @@ import pytest
 import torch
 from torch import nn
 from transformers import (AutoModelForSequenceClassification, BigBirdConfig, BigBirdForSequenceClassification,
-                          LongformerConfig, LongformerForSequenceClassification)
+                          GPT2Config, GPT2ForSequenceClassification, LongformerConfig,
+                          LongformerForSequenceClassification)
 
 from memoria_ds.model.encoder import build_encoder_model
 from memoria_ds.model.encoder.plain import (SegmentBigBirdForSequenceClassification,
+                                            SegmentGPT2ForSequenceClassification,
                                             SegmentLongformerForSequenceClassification, build_plain_classifier,
                                             plain_classifier_config)
 from memoria_ds.model.recurrent import NoMemory
@@ -22,6 +24,9 @@ CONFIGS = {
                    LongformerForSequenceClassification, SegmentLongformerForSequenceClassification),
     "big_bird": (lambda: BigBirdConfig(max_position_embeddings=64, block_size=4, num_random_blocks=1, **SHAPE),
                  BigBirdForSequenceClassification, SegmentBigBirdForSequenceClassification),
+    # HF's GPT-2 finds a row's last token by the padding id (1 here, as `batch` pads); ours by the mask
+    "gpt2": (lambda: GPT2Config(n_positions=64, pad_token_id=1, **SHAPE), GPT2ForSequenceClassification,
+             SegmentGPT2ForSequenceClassification),
 }
 
 
@@ -81,10 +86,10 @@ def test_a_new_head_for_other_classes_and_the_positions(kind, tmp_path):
 def test_memoria_presets_and_other_types_are_refused_with_the_way_out():
     with pytest.raises(ValueError, match="preset `backbone`"):
         build_encoder_model(CONFIGS["longformer"][0](), "memoria")
-    from transformers import GPT2Config
+    from transformers import T5Config
 
-    with pytest.raises(ValueError, match="Longformer, BigBird"):
-        plain_classifier_config(GPT2Config())
+    with pytest.raises(ValueError, match="Longformer, BigBird, GPT-2"):
+        plain_classifier_config(T5Config())
     with pytest.raises(ValueError, match="no setting 'not_a_field'"):
         plain_classifier_config(CONFIGS["big_bird"][0](), not_a_field=1)
 

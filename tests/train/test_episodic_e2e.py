@@ -91,7 +91,8 @@ def test_the_adapted_reading_adapts_to_every_ranks_memory(tmp_path):
     base, adapted = tmp_path / "none", tmp_path / "steps"
     common = ["eval.protocols=[full, adapted]", "optim.max_steps=8", "episodic.neighbours=4"]
     check(_run(base, tmp_path, *common, "episodic.adapt_steps=0", ranks=2))
-    check(_run(adapted, tmp_path, *common, "episodic.adapt_steps=5", "episodic.adapt_lr=0.5", ranks=2))
+    check(_run(adapted, tmp_path, *common, "episodic.adapt_steps=5", "episodic.adapt_lr=0.5", "checkpoint.export=true",
+               ranks=2))
     for run, moved in ((base, False), (adapted, True)):
         full, bare = json.loads((run / "summary.json").read_text())["eval"]
         assert bare["protocol"]["name"] == "adapted" and bare["scored_tokens"] == full["scored_tokens"] == 8
@@ -102,13 +103,19 @@ def test_the_adapted_reading_adapts_to_every_ranks_memory(tmp_path):
             assert (bare["accuracy"], bare["nll"]) == (full["accuracy"], full["nll"])
     assert list((adapted / "eval").glob("step_*_classification_adapted.json"))
 
-
-def test_the_evaluate_command_says_it_cannot_adapt_yet(tmp_path):
+    # the evaluate command, in one process: both ranks' memories from the checkpoint, the key network rebuilt
     from .test_evaluate_e2e import evaluate
 
-    check(_run(tmp_path / "run", tmp_path, "optim.max_steps=2", "checkpoint.export=true", ranks=1))
-    proc = evaluate(str(tmp_path / "run"), "eval.protocols=[full, adapted]")
-    assert proc.returncode == 2 and "scored by the training run's own evaluation" in proc.stderr
+    proc = evaluate(str(adapted), "--out", str(tmp_path / "scored"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "32 documents of every rank" in proc.stdout
+    own = {r["protocol"]["name"]: r for r in json.loads((adapted / "summary.json").read_text())["eval"]}
+    for name in ("full", "adapted"):
+        again = json.loads((tmp_path / "scored" / f"validation_classification_{name}.json").read_text())
+        assert again["accuracy"] == own[name]["accuracy"]
+        assert again["nll"] == pytest.approx(own[name]["nll"], rel=1e-5), name
+    proc = evaluate(str(adapted / "export"), "--config", str(adapted / "config.yaml"))  # no run: no memory
+    assert proc.returncode == 2 and "give the directory of a run trained with `episodic.enabled" in proc.stderr
 
 
 def test_in_order_reads_the_documents_as_given(tmp_path):
@@ -135,7 +142,9 @@ def test_in_order_reads_the_documents_as_given(tmp_path):
 
 def test_a_lifelong_run_reads_its_tasks_in_turn_and_scores_each(tmp_path):
     """Tasks of `lifelong_tasks` in order (`data.in_order`): the episodic memory holds each document's task,
-    in reading order, and the evaluation gives every task's accuracy (summing to the whole)."""
+    in reading order; the evaluation gives every task's accuracy (summing to the whole), after each task
+    (`eval.after_each_task`, also mid-batch) and at the end. With `replay_every=0` the memory is written and
+    never replayed (the "local adaptation alone" baseline)."""
     from memoria_ds.data.lifelong_tasks import write_lifelong_tasks, write_task_tokenizer
 
     files = write_lifelong_tasks(tmp_path / "tasks", tasks=2, classes=2, counts={"train": 8, "test": 4}, words=10)
@@ -144,14 +153,63 @@ def test_a_lifelong_run_reads_its_tasks_in_turn_and_scores_each(tmp_path):
     run = tmp_path / "run"
     args = [a for a in run_args(tmp_path) if not a.startswith(("data.files", "data.tokenizer", "data.segment_length",
                                                                 "data.max_segments", "model.preset"))]
+    # batches of 3: task 0's 8th document is read in step 3 (documents 7-9), the 16th document never (drop_last)
     check(run_training(run, *args, DS, f"data.files={split_files}", f"data.tokenizer={tok}", "data.in_order=true",
                        "data.segment_length=24", "data.max_segments=1", "optim.bptt_segments=1", "model.preset=backbone",
-                       "episodic.enabled=true", "episodic.replay_every=4", "episodic.replay_size=2",
-                       "eval.split=test", "eval.protocols=[full]", "optim.epochs=1", "optim.micro_batch_size=2",
+                       "episodic.enabled=true", "episodic.replay_every=0", "episodic.replay_size=2",
+                       "episodic.adapt_steps=2", "eval.split=test", "eval.protocols=[full]",
+                       "eval.after_each_task=[full, adapted]", "optim.epochs=1", "optim.micro_batch_size=3",
                        tiny=False, ranks=1))
-    memory = EpisodicMemory.from_state_dict(_shard(run, 0)["memory"])
-    assert memory.task_ids.tolist() == [0] * 8 + [1] * 8  # task 0's documents, then task 1's
+    state = _shard(run, 0)
+    memory = EpisodicMemory.from_state_dict(state["memory"])
+    assert memory.task_ids.tolist() == [0] * 8 + [1] * 7  # task 0's documents, then task 1's
+    assert state["replays"] == 0 and state["schedule"]["seen"] == 15
     result = json.loads((run / "summary.json").read_text())["eval"][0]
     per_task = result["protocol"]["per_task"]
     assert [(t["task"], t["documents"]) for t in per_task] == [(0, 4), (1, 4)]
     assert sum(t["correct"] for t in per_task) == round(result["accuracy"] * 8)
+    readings = sorted(p.name for p in (run / "eval").glob("step_*_classification_*.json"))
+    assert readings == ["step_00000003_classification_adapted.json", "step_00000003_classification_full.json",
+                        "step_00000005_classification_full.json"]
+    adapted = json.loads((run / "eval" / readings[0]).read_text())["protocol"]
+    assert adapted["local_adaptation"]["memory_size"] == 9 and len(adapted["per_task"]) == 2  # written by step 3
+
+@pytest.mark.parametrize("extra, message", [
+    (["eval.after_each_task=[full]"], "the tasks must come in turn"),
+    (["data.in_order=true", "eval.after_each_task=[adapted]"], "set `episodic.enabled=true`"),
+    (["data.in_order=true", "eval.after_each_task=[paper]"], "a classifier is evaluated `full`"),
+    (["data.in_order=true", "eval.after_each_task=[fresh]"], "unknown eval protocol"),
+])
+def test_readings_after_each_task_it_cannot_serve_are_refused(tmp_path, extra, message):
+    from memoria_ds.train.config import RunConfig
+    from memoria_ds.train.parse import ConfigError, load
+
+    classify_args(tmp_path, {"train": 4, "validation": 2})
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("`", ".")):
+        load(RunConfig, None, [*run_args(tmp_path), "data.max_segments=1", *extra])
+    with pytest.raises(ConfigError, match="reads a lifelong run's tasks"):  # a language model has no tasks
+        load(RunConfig, None, ["eval.after_each_task=[full]"])
+
+
+def test_gpt2_as_the_classifier_under_zero2_in_bf16(tmp_path):
+    """MbPA++ on the toolkit's GPT-2 classifier (HF's, read at each document's last token): ZeRO-2, bf16, 2 ranks;
+    the memory keyed by the last real token's state of the untrained copy, replayed, and adapted to."""
+    classify_args(tmp_path, {"train": 32, "validation": 8})
+    args = [a for a in run_args(tmp_path, {"train": 32, "validation": 8})
+            if not a.startswith(("model.backbone", "model.settings", "model.preset", "data.segment_length",
+                                 "data.max_segments"))]
+    run = tmp_path / "run"
+    check(run_training(run, *args, f"deepspeed={ROOT / 'ds_configs' / 'zero2.json'}", "model.backbone=gpt2",
+                       "model.from_scratch=true", "model.preset=backbone",
+                       "model.settings={n_layer: 2, n_embd: 32, n_head: 2, n_positions: 32}", "data.segment_length=24",
+                       "data.max_segments=1", "optim.bptt_segments=1", "optim.precision=bf16",
+                       "episodic.enabled=true", "episodic.replay_every=8", "episodic.replay_size=4",
+                       "episodic.adapt_steps=2", "eval.protocols=[full, adapted]", "optim.max_steps=6",
+                       "optim.micro_batch_size=2", "checkpoint.export=true", tiny=False, ranks=2))
+    for rank in (0, 1):
+        state = _shard(run, rank)
+        assert len(EpisodicMemory.from_state_dict(state["memory"])) == 12 and state["replays"] == 3
+    results = {r["protocol"]["name"]: r for r in json.loads((run / "summary.json").read_text())["eval"]}
+    assert results["adapted"]["protocol"]["local_adaptation"]["memory_size"] == 24
+    config = json.loads((run / "export" / "config.json").read_text())
+    assert config["model_type"] == "gpt2" and config["n_layer"] == 2

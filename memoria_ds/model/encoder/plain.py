@@ -1,4 +1,4 @@
-"""Long-input encoders without a memory, read by the classification loop: Longformer and BigBird (Table 3).
+"""Classifiers without a memory, read by the classification loop: Longformer and BigBird (Table 3), and GPT-2.
 
 The paper's Table 3 sets Memoria BERT / RoBERTa (segments of 512) beside two encoders that read
 the document whole, Longformer and BigBird at 4,096 tokens, through their Hugging Face classes (the
@@ -15,6 +15,11 @@ as one sequence, `[CLS] ... [SEP]` (`<s> ... </s>`), as the authors' tokenizer c
 A checkpoint saved from these classes is a plain HF checkpoint (its `model_type` is `longformer` /
 `big_bird`): `AutoModelForSequenceClassification` loads it as HF's class.
 
+GPT-2 (`gpt2`, `gpt2-medium`, ..., or `model.from_scratch` from a GPT-2 config) is read as HF's
+`GPT2ForSequenceClassification`, a causal model that classifies at a row's last token: here the last token
+the attention mask keeps (the documents are right-padded), whatever the padding id (GPT-2 has none).
+MbPA++ (docs/episodic.md) trains it like the encoders; its keys are the last real token's hidden state.
+
 Longformer puts global attention on the first token when none is given (HF's rule for
 classification, which the authors relied on); BigBird switches to full attention by itself when a
 sequence is too short for its block-sparse pattern.
@@ -27,8 +32,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import (AutoConfig, BigBirdForSequenceClassification, LongformerForSequenceClassification,
-                          PretrainedConfig)
+from transformers import (AutoConfig, BigBirdForSequenceClassification, GPT2ForSequenceClassification,
+                          LongformerForSequenceClassification, PretrainedConfig)
 
 from ..recurrent.none import NoMemory
 from .modeling import MemoriaEncoderModel, MemoriaSequenceClassifierOutput
@@ -109,13 +114,37 @@ class SegmentBigBirdForSequenceClassification(SegmentClassifier, BigBirdForSeque
     """HF's `BigBirdForSequenceClassification` read by the loop (no memory)."""
 
 
+class SegmentGPT2ForSequenceClassification(SegmentClassifier, GPT2ForSequenceClassification):
+    """HF's `GPT2ForSequenceClassification` read by the loop (no memory): each row's logits at its last token
+    that the attention mask keeps (HF's own rule looks for the padding id, which GPT-2 does not have)."""
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None, labels: Tensor | None = None, memory: NoMemory | None = None,
+                reset: Tensor | None = None, **kwargs: Any) -> MemoriaSequenceClassifierOutput:
+        """As `SegmentClassifier.forward`; (B, L) inputs, right-padded."""
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        B, L = input_ids.shape
+        if L > self.positions_per_segment:
+            raise ValueError(f"a sequence of {L} tokens exceeds the {self.positions_per_segment} positions GPT-2 "
+                             f"embeds; use data.segment_length <= {self.positions_per_segment}")
+        memory = self.prepare_memory(memory, B, input_ids.device, reset)
+        hidden = self.transformer(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                                  position_ids=position_ids, **kwargs).last_hidden_state  # (B, L, D)
+        last = (attention_mask.sum(1) - 1).clamp(min=0) if attention_mask is not None else torch.full(
+            (B,), L - 1, device=input_ids.device)  # (B,)
+        logits = self.score(hidden[torch.arange(B, device=hidden.device), last])  # (B, K)
+        loss = self._loss(logits, labels, num_items_in_batch) if labels is not None else None
+        return MemoriaSequenceClassifierOutput(loss=loss, logits=logits, memory=memory, memory_stats=None)
+
+
 # HF model type -> the class the loop reads it with
 PLAIN_CLASSIFIERS: dict[str, type] = {"longformer": SegmentLongformerForSequenceClassification,
-                                      "big_bird": SegmentBigBirdForSequenceClassification}
+                                      "big_bird": SegmentBigBirdForSequenceClassification,
+                                      "gpt2": SegmentGPT2ForSequenceClassification}
 
 
 def is_plain_classifier(config: PretrainedConfig) -> bool:
-    """Whether `config` is of a type read by `PLAIN_CLASSIFIERS` (Longformer, BigBird)."""
+    """Whether `config` is of a type read by `PLAIN_CLASSIFIERS` (Longformer, BigBird, GPT-2)."""
     return getattr(config, "model_type", None) in PLAIN_CLASSIFIERS
 
 
@@ -129,7 +158,7 @@ def plain_classifier_config(backbone: PretrainedConfig | str | os.PathLike, **se
     config = backbone if isinstance(backbone, PretrainedConfig) else AutoConfig.from_pretrained(backbone)
     if not is_plain_classifier(config):
         raise ValueError(f"the backbone is a {config.model_type!r} model; the long-input classifiers without memory "
-                         f"are {sorted(PLAIN_CLASSIFIERS)} (Longformer, BigBird)")
+                         f"are {sorted(PLAIN_CLASSIFIERS)} (Longformer, BigBird, GPT-2)")
     config = config.__class__.from_dict(config.to_dict())  # a copy: the caller's config is left as it was
     for key, value in settings.items():
         if key not in ("num_labels", "id2label", "label2id") and not hasattr(config, key):
@@ -142,7 +171,7 @@ def plain_classifier_config(backbone: PretrainedConfig | str | os.PathLike, **se
 
 def build_plain_classifier(backbone: PretrainedConfig | str | os.PathLike, *, dtype: torch.dtype | None = None,
                            **settings: Any) -> SegmentClassifier:
-    """A Longformer or BigBird sequence classifier the loop reads (its checkpoint's weights, a head of
+    """A Longformer, BigBird or GPT-2 sequence classifier the loop reads (its checkpoint's weights, a head of
     `num_labels` drawn as HF draws it when the checkpoint has none or another size).
 
     Args:
@@ -166,5 +195,5 @@ def build_plain_classifier(backbone: PretrainedConfig | str | os.PathLike, *, dt
 
 
 __all__ = ["PLAIN_CLASSIFIERS", "SegmentBigBirdForSequenceClassification", "SegmentClassifier",
-           "SegmentLongformerForSequenceClassification", "build_plain_classifier", "is_plain_classifier",
+           "SegmentGPT2ForSequenceClassification", "SegmentLongformerForSequenceClassification", "build_plain_classifier", "is_plain_classifier",
            "plain_classifier_config"]

@@ -55,12 +55,13 @@ def memory_kind(config: Any) -> MemoryKind:
 
 def _model_kind(model_config: Any) -> str | None:
     """The memory kind a model of `model_config` runs: a GPT-2 config's `memory_type`; an encoder's
-    `memoria_encoder`, or `none` without a memory (preset `backbone`); None without a config."""
+    `memoria_encoder`, or `none` without a memory (preset `backbone`; HF's own classifiers, whose configs
+    have no `use_memory`: Longformer, BigBird, GPT-2); None without a config."""
     if model_config is None:
         return None
     if hasattr(model_config, "memory_type"):
         return model_config.memory_type
-    return ENCODER_KIND if getattr(model_config, "use_memory", True) else "none"
+    return ENCODER_KIND if getattr(model_config, "use_memory", False) else "none"
 
 
 def memory_from_state_dict(
