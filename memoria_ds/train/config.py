@@ -166,7 +166,6 @@ class ModelSection(Section):
             raise ValueError("`model.compile` is not supported with `model.task: classification` yet; leave it unset")
         return self
 
-
     def _check_gpt2_classifier(self):
         """A from-scratch GPT-2 classifier: HF's, without a memory (preset `backbone`), of GPT2Config's sizes."""
         from transformers import GPT2Config

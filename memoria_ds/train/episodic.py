@@ -211,8 +211,8 @@ def adapter_from_run(run_cfg: Any, run_dir: Path, model: torch.nn.Module, vocab_
     seed_everything(run_cfg.seed)  # the run's initial weights: its key network
     keys = KeyEncoder(build_run_model(run_cfg, vocab_size, [id2label[i] for i in range(len(id2label))])).to(device)
     probe = min(len(memory), 8)
-    if probe and not torch.allclose(keys(memory.input_ids[:probe], memory.attention_mask()[:probe]), memory.keys[:probe],
-                                    atol=1e-4, rtol=1e-4):
+    again = keys(memory.input_ids[:probe], memory.attention_mask()[:probe]) if probe else None
+    if probe and not torch.allclose(again, memory.keys[:probe], atol=1e-4, rtol=1e-4):
         raise ValueError(f"the key network rebuilt from {run_dir}/config.yaml does not give the keys its memory "
                          f"holds (was the backbone changed since the run?)")
     return LocalAdapter(model, keys, memory, settings), checkpoint.step

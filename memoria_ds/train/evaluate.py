@@ -141,6 +141,12 @@ def parse(argv: list[str] | None) -> tuple[RunConfig, str, Path | None, Path, Pa
     if "adapted" in cfg.eval.protocols and (baseline is None or not baseline.episodic.enabled):
         raise ConfigError("`adapted` (MbPA++'s local adaptation) reads the episodic memory in a run's checkpoint: "
                           "give the directory of a run trained with `episodic.enabled=true`")
+    if "adapted" in cfg.eval.protocols:
+        from .checkpoints import find_latest
+
+        if find_latest(run_dir / "checkpoints")[0] is None:
+            raise ConfigError(f"`adapted` reads the episodic memory in {run_dir}/checkpoints, which holds no complete "
+                              f"checkpoint; train the run (or resume it) first")
     return cfg, source, run_dir, out, memory, baseline
 
 
@@ -295,8 +301,11 @@ def run(cfg: RunConfig, source: str, out: Path, info, memory: Path | None = None
     if "adapted" in cfg.eval.protocols:  # (parse checked that this is a run trained with an episodic memory)
         from .episodic import adapter_from_run
 
-        adapter, step = adapter_from_run(baseline, run_dir, model, corpus.metadata.get("vocab_size"), cfg.episodic,
-                                         info.device)
+        try:
+            adapter, step = adapter_from_run(baseline, run_dir, model, corpus.metadata.get("vocab_size"),
+                                             cfg.episodic, info.device)
+        except ValueError as e:  # a damaged memory, keys another backbone gives: the run's input, exit 2
+            raise ConfigError(str(e)) from None
         if info.is_main:
             print(f"adapted: the episodic memory of {run_dir}/checkpoints step {step}, {len(adapter.memory)} "
                   f"documents of every rank", flush=True)

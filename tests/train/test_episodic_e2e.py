@@ -116,6 +116,10 @@ def test_the_adapted_reading_adapts_to_every_ranks_memory(tmp_path):
         assert again["nll"] == pytest.approx(own[name]["nll"], rel=1e-5), name
     proc = evaluate(str(adapted / "export"), "--config", str(adapted / "config.yaml"))  # no run: no memory
     assert proc.returncode == 2 and "give the directory of a run trained with `episodic.enabled" in proc.stderr
+    config = adapted / "config.yaml"  # a run whose key network can no longer be rebuilt: refused, exit 2
+    config.write_text(config.read_text().replace("seed: 1234", "seed: 99"))
+    proc = evaluate(str(adapted), "--out", str(tmp_path / "never"))
+    assert proc.returncode == 2 and "does not give the keys its memory holds" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_in_order_reads_the_documents_as_given(tmp_path):
