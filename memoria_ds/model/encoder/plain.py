@@ -96,10 +96,14 @@ class SegmentClassifier:
             raise ValueError(f"a sequence of {L} tokens exceeds the {self.positions_per_segment} positions "
                              f"{type(self).__name__} embeds; use data.segment_length <= {self.positions_per_segment}")
         memory = self.prepare_memory(memory, B, input_ids.device, reset)
-        out = super().forward(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+        logits = self._logits(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                               position_ids=position_ids, **kwargs)
-        loss = self._loss(out.logits, labels, num_items_in_batch) if labels is not None else None
-        return MemoriaSequenceClassifierOutput(loss=loss, logits=out.logits, memory=memory, memory_stats=None)
+        loss = self._loss(logits, labels, num_items_in_batch) if labels is not None else None
+        return MemoriaSequenceClassifierOutput(loss=loss, logits=logits, memory=memory, memory_stats=None)
+
+    def _logits(self, **inputs: Any) -> Tensor:
+        """(B, K) logits: HF's own forward."""
+        return super().forward(**inputs).logits
 
     _loss = MemoriaEncoderModel._loss
 
@@ -118,23 +122,13 @@ class SegmentGPT2ForSequenceClassification(SegmentClassifier, GPT2ForSequenceCla
     """HF's `GPT2ForSequenceClassification` read by the loop (no memory): each row's logits at its last token
     that the attention mask keeps (HF's own rule looks for the padding id, which GPT-2 does not have)."""
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-                position_ids: Tensor | None = None, labels: Tensor | None = None, memory: NoMemory | None = None,
-                reset: Tensor | None = None, **kwargs: Any) -> MemoriaSequenceClassifierOutput:
-        """As `SegmentClassifier.forward`; (B, L) inputs, right-padded."""
-        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+    def _logits(self, input_ids: Tensor, attention_mask: Tensor | None = None, **inputs: Any) -> Tensor:
+        """(B, K) logits at each row's last kept token ((B, L) inputs, right-padded)."""
+        hidden = self.transformer(input_ids=input_ids, attention_mask=attention_mask, **inputs).last_hidden_state
         B, L = input_ids.shape
-        if L > self.positions_per_segment:
-            raise ValueError(f"a sequence of {L} tokens exceeds the {self.positions_per_segment} positions GPT-2 "
-                             f"embeds; use data.segment_length <= {self.positions_per_segment}")
-        memory = self.prepare_memory(memory, B, input_ids.device, reset)
-        hidden = self.transformer(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                                  position_ids=position_ids, **kwargs).last_hidden_state  # (B, L, D)
         last = (attention_mask.sum(1) - 1).clamp(min=0) if attention_mask is not None else torch.full(
             (B,), L - 1, device=input_ids.device)  # (B,)
-        logits = self.score(hidden[torch.arange(B, device=hidden.device), last])  # (B, K)
-        loss = self._loss(logits, labels, num_items_in_batch) if labels is not None else None
-        return MemoriaSequenceClassifierOutput(loss=loss, logits=logits, memory=memory, memory_stats=None)
+        return self.score(hidden[torch.arange(B, device=hidden.device), last])  # (B, K)
 
 
 # HF model type -> the class the loop reads it with
