@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from memoria_ds.data.lifelong_text import DATASETS, ORDERS
+from memoria_ds.data.lifelong_text import ORDERS
 from memoria_ds.repro.lifelong import READINGS, resolve, runs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def test_the_launcher_dry_run_and_the_missing_data():
                          capture_output=True, text=True, cwd=ROOT)
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.count("\norder ") == 12 and "33 classes" in dry.stdout and "57 replays of 100" in dry.stdout
+    assert dry.stdout.count("17,968 steps of 32") == 12  # 5 x 115,000 documents in batches of 32
     run = subprocess.run(["bash", str(ROOT / "launch/repro/lifelong.sh"), "--data", "/nowhere"],
                          capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 2 and "write the data first" in run.stderr
-    assert len(DATASETS) == 5
