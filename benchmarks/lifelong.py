@@ -19,7 +19,8 @@ each task (`eval.after_each_task=[full]`): the forgetting curve; `adapted` is re
     python benchmarks/lifelong.py --out /tmp/ll --table               # the table and plot from what ran
 
 Writes `<out>/results.json` (every reading of every run), `<out>/table.md` and `<out>/forgetting.png`.
-Cost on a 2-core CPU: about 45 minutes for 3 seeds at width 64 (docs/episodic.md has the results).
+Cost on a 2-core CPU: about an hour for 3 seeds at the default width 128, 45 minutes at width 64
+(docs/episodic.md has the results).
 """
 
 from __future__ import annotations
