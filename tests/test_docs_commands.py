@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from parse_server import ParseServer  # tests/ is on sys.path (rootdir-relative, no package)
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]  # docs/studies/ too
 NEWCOMER_DOCS = ("README.md", "guide.md")  # the README's quickstart, then the guide's commands
@@ -221,9 +223,27 @@ def test_documented_command_works(doc, command, tmp_path):
         defaults = [] if target.endswith("finetune.py") else _entry_defaults(target)
         parse(args, "docs", defaults)  # every option and dotted override is accepted and valid
         return
-    proc = subprocess.run([python, "-c", SHIM, kind, target, *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=env)
-    assert proc.returncode == 0, f"{doc}: `{command}` is refused by its parser:\n{proc.stderr[-2000:]}"
+    code, stderr = _parse_server(python, env).run(kind, target, args)
+    assert code == 0, f"{doc}: `{command}` is refused by its parser:\n{stderr[-2000:]}"
+
+
+_SERVERS: dict[tuple, ParseServer] = {}
+
+
+def _parse_server(python: str, env: dict[str, str]) -> ParseServer:
+    """The parse server of a reader's interpreter and environment, started on first use."""
+    env = {k: v for k, v in env.items() if k != "PYTEST_CURRENT_TEST"}  # pytest's, changes with every test
+    key = (python, tuple(sorted(env.items())))
+    if key not in _SERVERS:
+        _SERVERS[key] = ParseServer(python, env, ROOT, SHIM)
+    return _SERVERS[key]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_parse_servers():
+    yield
+    while _SERVERS:
+        _SERVERS.popitem()[1].close()
 
 
 def _entry_defaults(target: str) -> list[str]:
