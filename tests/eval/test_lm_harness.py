@@ -133,6 +133,7 @@ metric_list:
     return str(tasks)
 
 
+@pytest.mark.slow
 def test_simple_evaluate_runs_a_local_perplexity_task(tmp_path):
     from lm_eval.tasks import TaskManager
 

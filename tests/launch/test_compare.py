@@ -156,6 +156,7 @@ def compare(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=900)
 
 
+@pytest.mark.slow
 def test_a_half_done_comparison_runs_only_what_is_missing(tmp_path):
     """Tiny real runs of benchmarks/real_text.py on the quickstart's book: seed 0 first; then a run
     of seed 1 is killed half-way (its lock left behind, no result); the same command with seeds 0

@@ -10,6 +10,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -37,6 +39,7 @@ def test_without_a_gpu_or_a_package_it_says_what_is_missing_in_one_line():
     assert proc.returncode == 2 and "unknown part(s) ['nope']" in proc.stderr
 
 
+@pytest.mark.slow
 def test_the_whole_check_at_tiny_shapes(tmp_path):
     out = tmp_path / "gpu_check"
     proc = _run("--tiny", "--out", str(out))
@@ -58,6 +61,7 @@ def test_the_whole_check_at_tiny_shapes(tmp_path):
     assert "| memoria | captured |" in text and "memoria / transformer tokens/s" in text and "bit-identical to the uninterrupted run: True" in text
 
 
+@pytest.mark.slow
 def test_other_kinds_are_checked_by_name(tmp_path):
     """`--presets`: the baseline, then each memory kind trained, killed and resumed."""
     proc = _run("--presets", "transformer,nope")

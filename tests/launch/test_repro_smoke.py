@@ -72,6 +72,7 @@ def test_table4_dry_run_command_runs_as_printed_on_two_ranks(tmp_path):
     assert (gain["accuracy_with"], gain["accuracy_without"]) == (result["accuracy"], bare["accuracy"])
 
 
+@pytest.mark.slow
 def test_table7_smoke_runs_the_ablation(tmp_path):
     smoke("table7", tmp_path, "--segments", "4", "--models", "memoria_wm_stm")
     run_dir = tmp_path / "sorting" / "L1024-n4-memoria_wm_stm"
@@ -82,6 +83,7 @@ def test_table7_smoke_runs_the_ablation(tmp_path):
     assert [r.experiment for r in map(read_run, find_runs([tmp_path]))] == ["sorting/L1024-n4-memoria_wm_stm"]
 
 
+@pytest.mark.slow
 def test_table3_smoke_classifies_then_scores_the_test_split(tmp_path):
     """Memoria RoBERTa (segments, the memory) and Longformer (one long sequence, HF's class) through the
     launcher: trained, evaluated on validation, then on test by the evaluate command; run again, both

@@ -91,6 +91,7 @@ def test_outside_an_allocation_it_says_so(slurm):
     assert proc.returncode != 0 and "not inside a SLURM allocation" in proc.stderr
 
 
+@pytest.mark.slow
 def test_table2_smoke_on_two_simulated_nodes(slurm):
     """Table 2's smoke run through the template: two `deepspeed --no_ssh` launches make one world of 2."""
     submit, tmp = slurm

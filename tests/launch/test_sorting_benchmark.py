@@ -61,6 +61,7 @@ def test_oracle_matches_hand_counting_and_the_full_view_is_exact():
     assert seen[0] < seen[-1]
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_and_its_table_reads_back(tmp_path):
     out = tmp_path / "r.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "sorting.py"), "--segments", "2", "--segment", "16",

@@ -96,6 +96,7 @@ def test_the_analytic_solution_one_unit_waits_for_the_lcm_three_units_do_not():
     assert errors[3][0] < 0.5 * errors[1][0]
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_the_figure_and_the_numbers(tmp_path):
     results = moons_bench.main(["--iters", "3", "--block", "120", "--batch", "4", "--eval-batch", "4",
                                 "--stride", "20", "--out", str(tmp_path)])

@@ -66,6 +66,7 @@ def test_the_wrapped_model_starts_as_the_model_and_trains_what_is_trainable():
             assert not moved, f"frozen {name} changed"
 
 
+@pytest.mark.slow
 def test_the_merged_model_saves_and_reloads(tmp_path):
     model = tiny_encoder("bert")
     peft_model = apply_encoder_lora(model, r=4)

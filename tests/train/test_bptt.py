@@ -53,6 +53,7 @@ def _shard(run, step, rank):
     return load_tree(run / "checkpoints" / f"step_{step:08d}" / f"rank_{rank:05d}.safetensors")
 
 
+@pytest.mark.slow
 def test_two_segments_per_step_resume_bit_for_bit_on_two_ranks(tmp_path):
     whole, killed = kill_and_resume(tmp_path, *MEMFORMER, "optim.bptt_segments=2", ranks=2)
     for rank in (0, 1):
@@ -96,6 +97,7 @@ def test_memory_replay_trains_as_the_plain_span(tmp_path):
     assert b == pytest.approx(a, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_a_world_size_change_continues_the_same_span_training(tmp_path):
     """2 ranks for 2 steps of 2 segments, then 1 rank (micro 2 x accum 2): the slots re-shard by
     stream and step 3 matches the uninterrupted 2-rank run to reduction-order rounding."""

@@ -91,6 +91,7 @@ def test_a_bad_document_column_is_one_line_and_exit_2(tmp_path):
     assert not (run / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_bf16_zero3_with_lora_on_a_pretrained_encoder_trains_and_exports(tmp_path):
     """A saved (pretrained) tiny BERT encoder, LoRA on its backbone, bf16 under ZeRO-3 on 2 ranks: the run
     trains (finite losses), checkpoints, and its merged export loads as a sequence classifier."""
@@ -117,6 +118,7 @@ def test_bf16_zero3_with_lora_on_a_pretrained_encoder_trains_and_exports(tmp_pat
     assert model.config.id2label == {0: "alpha", 1: "beta", 2: "gamma"} and not hasattr(model, "peft_config")
 
 
+@pytest.mark.slow
 def test_the_backbone_alone_trains_resumes_and_reads_every_segment(tmp_path):
     """Preset `backbone` (no memory) through the same loop, one optimiser step per batch of documents
     (`optim.bptt_segments` = `data.max_segments`: the authors' stepping), killed and resumed;

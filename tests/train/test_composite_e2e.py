@@ -4,6 +4,7 @@ every stream's memory in its checkpoint, and a world-size change (2 -> 1) re-sha
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from memoria_ds.safe_io import load_tree
@@ -26,10 +27,12 @@ def test_two_ranks_resume_bit_identically_with_both_parts_in_the_checkpoint(tmp_
         assert (memory["parts"]["memoria"]["state"]["kind"] > 0).any()  # engrams alive
 
 
+@pytest.mark.slow
 def test_a_world_size_change_continues_the_same_optimisation(tmp_path):
     move_two_ranks_to_one(tmp_path, *SETTINGS)
 
 
+@pytest.mark.slow
 def test_the_run_reports_what_each_part_is_worth(tmp_path):
     import json
 

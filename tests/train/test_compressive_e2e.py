@@ -4,6 +4,7 @@ compressed memory; a world-size change (2 -> 1) continues the same optimisation.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from memoria_ds.safe_io import load_tree
@@ -15,6 +16,7 @@ SETTINGS = ("model.preset=compressive",
             "embd_pdrop: 0.0, attn_pdrop: 0.0, memory_settings: {compression_rate: 2}}")
 
 
+@pytest.mark.slow
 def test_two_ranks_resume_bit_identically(tmp_path):
     whole, _ = kill_and_resume(tmp_path, *SETTINGS)
     # the checkpoint holds each rank's streams: memory and compressed memory, with tokens in both

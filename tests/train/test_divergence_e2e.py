@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import json
 import math
 
@@ -12,6 +13,7 @@ def _errors(proc) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.startswith("error")]
 
 
+@pytest.mark.slow
 def test_a_diverging_run_keeps_only_good_checkpoints_and_resumes_from_them(tmp_path):
     run_dir = tmp_path / "run"
     check(run_training(run_dir, "optim.max_steps=4", "checkpoint.every=2", "checkpoint.keep_last=5"))

@@ -195,6 +195,7 @@ def test_readings_after_each_task_it_cannot_serve_are_refused(tmp_path, extra, m
         load(RunConfig, None, ["eval.after_each_task=[full]"])
 
 
+@pytest.mark.slow
 def test_gpt2_as_the_classifier_under_zero2_in_bf16(tmp_path):
     """MbPA++ on the toolkit's GPT-2 classifier (HF's, read at each document's last token): ZeRO-2, bf16, 2 ranks;
     the memory keyed by the last real token's state of the untrained copy, replayed, and adapted to."""

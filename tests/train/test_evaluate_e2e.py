@@ -84,6 +84,7 @@ def test_a_run_is_scored_as_its_training_scored_it_on_one_or_two_ranks(tmp_path)
     assert compiled.scored_tokens == one.scored_tokens and abs(compiled.nll - one.nll) < 1e-4, (compiled.nll, one.nll)
 
 
+@pytest.mark.slow
 def test_a_plain_causal_lm_is_scored_without_memory(tmp_path):
     torch.manual_seed(0)
     plain = tmp_path / "gpt2"
@@ -157,6 +158,7 @@ def _poisoned(snapshot, how):
     return path
 
 
+@pytest.mark.slow
 def test_evaluation_from_a_memory_snapshot(tmp_path):
     """`--memory SNAPSHOT`: the streams start from a saved memory (issue 18 item 3); another
     model's snapshot, a missing file, or a model without memory stop with exit 2."""
@@ -233,6 +235,7 @@ def test_push_checks_the_export_and_dry_runs(tmp_path):
     assert proc.returncode == 2 and "model.safetensors is not a complete safetensors file" in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_a_sharded_model_with_a_shard_missing_is_named(tmp_path):
     from memoria_ds.train.parse import ConfigError
     from memoria_ds.train.saved_model import check_saved_model

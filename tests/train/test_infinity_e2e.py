@@ -4,6 +4,7 @@ checkpoint holds every stream's continuous memory."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from memoria_ds.safe_io import load_tree
@@ -15,6 +16,7 @@ SETTINGS = ("model.preset=infinity",
             "embd_pdrop: 0.0, attn_pdrop: 0.0, memory_settings: {num_basis: 8}}")
 
 
+@pytest.mark.slow
 def test_two_ranks_resume_bit_identically(tmp_path):
     whole, _ = kill_and_resume(tmp_path, *SETTINGS)
     for rank in (0, 1):

@@ -98,6 +98,7 @@ def test_kill_then_resume_equals_uninterrupted(tmp_path):
         assert torch.equal(ta[key], tb[key]), key
 
 
+@pytest.mark.slow
 def test_a_kill_during_save_keeps_the_previous_checkpoint(tmp_path):
     run = tmp_path / "run"
     proc = run_training(run, fault="kill_during_save:6")
@@ -120,8 +121,9 @@ def _weights(run, step: int, engine: str = "deepspeed") -> dict:
 
 
 @pytest.mark.parametrize("ds,precision,engine", [
-    ("cpu.json", "fp32", "deepspeed"), ("cpu.json", "bf16", "deepspeed"), ("cpu_zero3.json", "bf16", "deepspeed"),
-    ("cpu.json", "fp32", "torch"), ("cpu.json", "bf16", "torch"),  # engine=torch in bf16: autocast
+    ("cpu.json", "fp32", "deepspeed"), pytest.param("cpu.json", "bf16", "deepspeed", marks=pytest.mark.slow),
+    ("cpu_zero3.json", "bf16", "deepspeed"),
+    pytest.param("cpu.json", "fp32", "torch", marks=pytest.mark.slow), ("cpu.json", "bf16", "torch"),  # torch bf16: autocast
 ])
 def test_nan_skip_policy_skips_exactly_that_step(tmp_path, ds, precision, engine):
     """A NaN loss at step 2: that update is not applied (the weights saved at steps 1 and 2 are
@@ -158,6 +160,7 @@ def test_nan_stop_policy_stops_before_the_next_checkpoint(tmp_path):
     assert find_latest(run / "checkpoints")[0].step == 1, "the last good checkpoint stays"
 
 
+@pytest.mark.slow
 def test_resume_refuses_an_incompatible_or_corrupt_checkpoint(tmp_path):
     run = tmp_path / "run"
     check(run_training(run))
@@ -235,6 +238,7 @@ def test_a_finished_run_rerun_changes_nothing(tmp_path):
     assert (run / "config.yaml").read_text() == config and (run / "metrics.jsonl").read_text() == records
 
 
+@pytest.mark.slow
 def test_a_run_stopped_after_its_last_checkpoint_is_finished_by_a_rerun(tmp_path):
     """Issue 47 item 5: a run that checkpointed its last step and stopped before its final
     evaluation (killed here; a failed evaluation or export alike) is not "done": the rerun trains
@@ -255,6 +259,7 @@ def test_a_run_stopped_after_its_last_checkpoint_is_finished_by_a_rerun(tmp_path
     assert "nothing to do" in proc.stdout and json.loads((run / "summary.json").read_text()) == summary
 
 
+@pytest.mark.slow
 def test_a_rollback_sets_the_abandoned_checkpoints_aside(tmp_path):
     """Resuming from an older checkpoint starts a new timeline: the newer checkpoints of the old
     one are moved to checkpoints/abandoned/ (said in the log), so pruning keeps the checkpoint
@@ -280,6 +285,7 @@ def test_a_rollback_sets_the_abandoned_checkpoints_aside(tmp_path):
     assert (abandoned[0] / "step_00000006" / "rank_00000.safetensors").read_bytes() == old6  # still set aside
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ds", ["cpu.json", "cpu_zero3.json"])
 def test_a_changed_learning_rate_is_applied_on_resume(tmp_path, ds):
     """Resuming with another `optim.lr` (the NaN-stop advice) changes the peak of the restored
@@ -298,6 +304,7 @@ def test_a_changed_learning_rate_is_applied_on_resume(tmp_path, ds):
     assert losses_b[4] == losses_a[4] and losses_b[5] != losses_a[5]  # step 4 read the weights of step 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["optim_states", "model_states"])
 def test_a_corrupt_engine_file_is_skipped_like_a_corrupt_shard(tmp_path, kind):
     """64 bytes flipped in the middle of DeepSpeed's engine state (same size): `auto` skips that
@@ -316,6 +323,7 @@ def test_a_corrupt_engine_file_is_skipped_like_a_corrupt_shard(tmp_path, kind):
     assert '"step": 3' in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_save_says_where_and_cleans_up(tmp_path):
     """A save that fails like a full disk stops the run (exit 1) with one line naming the
     checkpoint, the path and the reason, removes its partial files, and keeps the earlier
@@ -332,6 +340,7 @@ def test_a_full_disk_during_a_save_says_where_and_cleans_up(tmp_path):
     assert find_latest(ckpts)[0].step == 6
 
 
+@pytest.mark.slow
 def test_the_memory_modules_own_groups_run_and_resume_only_with_their_groups(tmp_path):
     """Real DeepSpeed: optim.memory_lr_scale trains and resumes with other memory settings that
     keep the memory modules' own optimizer groups (here a delay); a resume that would fold them
@@ -347,6 +356,7 @@ def test_the_memory_modules_own_groups_run_and_resume_only_with_their_groups(tmp
     assert max(losses_by_step(run)) == 6
 
 
+@pytest.mark.slow
 def test_a_compiled_model_trains_as_the_eager_one_and_resumes_eagerly(tmp_path):
     """`model.compile`: the whole model (memory engine included) as compiled graphs under the
     real launcher and ZeRO-2; without dropout its losses are the eager run's. Killed, it

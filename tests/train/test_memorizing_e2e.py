@@ -4,6 +4,7 @@ bit for bit; ZeRO-3 with LoRA on a pretrained backbone trains the kNN gate with 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from memoria_ds.safe_io import load_tree
@@ -54,6 +55,7 @@ def test_two_rank_kill_and_resume_equals_uninterrupted(tmp_path):
     assert evals and evals[-1]["ppl"] == evals[-1]["ppl"]
 
 
+@pytest.mark.slow
 def test_zero3_lora_trains_the_knn_gate(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -119,6 +119,7 @@ def test_two_ranks_under_zero1_resume_bit_identically(tmp_path):
         assert memory["kind"] == "memsizer" and (memory["tokens"] > 0).all()
 
 
+@pytest.mark.slow
 def test_two_ranks_in_bf16_under_zero3_resume_bit_identically_with_an_fp32_memory(tmp_path):
     whole, _ = kill_and_resume(tmp_path, NO_DROPOUT, "optim.precision=bf16", "eval.at_end=false",
                                f"deepspeed={ROOT / 'ds_configs' / 'cpu_zero3.json'}", ranks=2, steps=4, every=2, kill=3)
@@ -131,6 +132,7 @@ def test_the_memory_moves_with_its_streams_from_two_ranks_to_one(tmp_path):
     move_two_ranks_to_one(tmp_path, "model.preset=memsizer_carry", NO_DROPOUT)
 
 
+@pytest.mark.slow
 def test_lora_on_a_saved_memsizer(tmp_path):
     """Fine-tuning a saved MemSizer with LoRA (finetune.py, the toolkit's targets c_attn, c_proj, c_fc):
     only the adapters train, and the merged export loads through the Auto classes."""

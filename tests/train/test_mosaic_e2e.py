@@ -7,6 +7,7 @@ as training did, ZeRO-3 construction and export, and the settings refused before
 
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import subprocess
@@ -82,6 +83,7 @@ def test_memory_mosaic_trains_resumes_evaluates_and_exports(tmp_path):
     assert scored.scored_tokens == trained["full"].scored_tokens and abs(scored.nll - trained["full"].nll) < 1e-5
 
 
+@pytest.mark.slow
 def test_memory_mosaic_under_zero3_exports_the_trained_weights(tmp_path):
     run = tmp_path / "z3"
     check(train(run, f"deepspeed={ROOT / 'ds_configs' / 'cpu_zero3.json'}", "optim.max_steps=2",
@@ -126,6 +128,7 @@ def test_carried_mosaic_memory_resumes_exactly_and_shows_a_memory_gain(tmp_path)
     assert gain is not None and gain["nats_per_token"] != 0.0
 
 
+@pytest.mark.slow
 def test_carried_mosaic_memory_moves_with_its_streams_from_two_ranks_to_one(tmp_path):
     """2 ranks for 2 steps, then 1 rank: step 3 matches an uninterrupted 2-rank run (the memory
     rows travelled with their streams)."""
@@ -143,6 +146,7 @@ def test_carried_mosaic_memory_moves_with_its_streams_from_two_ranks_to_one(tmp_
     assert abs(a[3] - b[3]) < 1e-4 * abs(a[3]), f"step 3 after 2 -> 1: {b[3]} vs uninterrupted {a[3]}"
 
 
+@pytest.mark.slow
 def test_carried_mosaic_in_bf16_under_zero3_resumes_exactly(tmp_path):
     """bf16 under ZeRO-3 on 2 ranks: the loss is finite, the carried contextual memory (a cache of the
     blocks' keys, values and leaky averages, kept in the model's dtype as `xl`'s cache is: docs/model.md,

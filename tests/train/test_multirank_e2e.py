@@ -72,6 +72,7 @@ NO_DROPOUT = ("model.settings={n_layer: 2, n_embd: 32, n_head: 2, n_positions: 6
               "stm_capacity: 16, search_depth: 2}}")
 
 
+@pytest.mark.slow
 def test_a_world_size_change_continues_the_same_optimisation(tmp_path):
     """2 ranks for 2 steps, then 1 rank: step 3 matches an uninterrupted 2-rank run (fp32,
     no dropout) to reduction-order rounding, so weights, Adam moments, the schedule, the
@@ -156,6 +157,7 @@ def test_zero3_lora_two_ranks_exports_complete_weights(tmp_path, tiny_backbone):
     assert torch.isfinite(model(input_ids=ids).logits).all()
 
 
+@pytest.mark.slow
 def test_zero3_lora_gradient_checkpointing_two_ranks(tmp_path, tiny_backbone):
     """ZeRO-3 + LoRA + gradient checkpointing on 2 ranks (deepspeed 0.16.9 - 0.19.2 fail with
     `CheckpointError: saved [32] vs recomputed [0]`): trains, and recomputing the blocks in

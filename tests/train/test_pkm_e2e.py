@@ -39,6 +39,7 @@ def test_two_rank_kill_and_resume_equals_uninterrupted(tmp_path, zero):
     assert ea["ppl"] == eb["ppl"] and ea["ppl"] == ea["ppl"], (ea, eb)
 
 
+@pytest.mark.slow
 def test_bf16_zero3_lora_trains_the_pkm_layer_and_exports_it(tmp_path):
     from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 

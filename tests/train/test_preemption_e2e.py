@@ -40,6 +40,7 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_equals_the_uninterrupt
         assert a[step] == b[step], f"step {step}: uninterrupted {a[step]!r} vs resumed {b[step]!r}"
 
 
+@pytest.mark.slow
 def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
     run = tmp_path / "run"
     proc = run_training(run, "checkpoint.every=0", "eval.at_end=false", ranks=2, fault="sigterm_after_step:2")

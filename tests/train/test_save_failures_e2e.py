@@ -48,6 +48,7 @@ def test_a_full_disk_inside_deepspeeds_save_on_two_ranks_ends_both(tmp_path, sta
     assert find_latest(ckpts)[0].step == 6 and max(losses_by_step(run)) == 6
 
 
+@pytest.mark.slow
 def test_a_checkpoint_folder_that_cannot_be_made_ends_both_ranks(tmp_path):
     """Rank 0 prepares the save's staging folder alone; where it cannot (here a file in its
     place; a read-only directory alike) every rank stops with one line, none waits forever."""

@@ -79,6 +79,7 @@ def test_shape_settings_do_not_apply_to_a_pretrained_backbone(tmp_path, gpt2_dir
     assert "launch/configs/finetune_gpt2.yaml" in proc.stderr and not run.exists()
 
 
+@pytest.mark.slow
 def test_finetuning_a_full_size_gpt2_from_a_local_directory(tmp_path, gpt2_dir):
     """The README's next step after the quickstart, with a local copy instead of the hub."""
     run = tmp_path / "run"
