@@ -81,6 +81,7 @@ def memory_backed_dir(tmp_path):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_whole_job_as_slurm_sends_it(memory_backed_dir):
     """SIGTERM to every process of the job (launcher and ranks), as `scancel` or preemption does."""
     run = memory_backed_dir / "run"

@@ -154,7 +154,7 @@ def _saved_preset(checkpoint):
     return json.loads((checkpoint / "manifest.json").read_text())["meta"]["config"]["model"]["preset"]
 
 
-@pytest.mark.parametrize("delay", [0.5, 3.0])
+@pytest.mark.parametrize("delay", [0.5, pytest.param(3.0, marks=pytest.mark.slow)])
 def test_racing_runs_on_one_directory_never_overwrite_each_other(tmp_path, delay):
     """Issue 47 item 1: two launcher runs on one new directory, the second a moment later and of
     another kind. The decision to start fresh is taken under the lock, so the second is refused
