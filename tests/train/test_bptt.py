@@ -87,6 +87,7 @@ def test_only_a_span_of_segments_trains_the_writer(tmp_path):
     assert not torch.equal(w22, w2), "two segments per step: the second's loss trains the writer"
 
 
+@pytest.mark.slow
 def test_memory_replay_trains_as_the_plain_span(tmp_path):
     common = (*MEMFORMER, "optim.bptt_segments=2", "optim.max_steps=3", "eval.at_end=false", "checkpoint.every=0")
     check(run_training(tmp_path / "plain", *common))
@@ -116,6 +117,7 @@ def test_a_world_size_change_continues_the_same_span_training(tmp_path):
     assert _shard(moved, 3, 0)["streams"]["step"] == 6
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_in_a_span_skips_that_step_only(tmp_path):
     """`nan_policy=skip` with 2 segments per step: the span's backward is NaN, the engine skips that
     update, the slots of its rows start fresh, and the next step trains again."""
