@@ -2,7 +2,7 @@
 
 `tests/test_docs_commands.py` checks each of about a hundred commands by running its script under a
 shim that stops right after argparse. As one `python -c SHIM ...` per command, each paid the imports of
-torch, transformers and DeepSpeed again (8-20 s on CI's two cores, a quarter of an hour in all). A
+torch, transformers and DeepSpeed again (8-20 s each on the 2-core VM, a quarter of an hour in all). A
 `ParseServer` is one Python process (the reader's interpreter, in the reader's environment, in the
 checkout) that imports those libraries once, then forks a child per command: the child runs the shim
 exactly as `python -c SHIM kind target args...` would (`sys.orig_argv` too, so a launch/ script that
