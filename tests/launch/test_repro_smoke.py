@@ -48,6 +48,7 @@ def test_table5_smoke_finetunes_a_pretrained_style_backbone(tmp_path):
     assert collected.status.startswith("smoke run") and set(collected.results) == {"paper", "full", "memoryless"}
 
 
+@pytest.mark.slow
 def test_table4_dry_run_command_runs_as_printed_on_two_ranks(tmp_path):
     out = io.StringIO()
     with redirect_stdout(out):

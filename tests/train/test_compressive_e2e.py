@@ -29,6 +29,7 @@ def test_two_ranks_resume_bit_identically(tmp_path):
         assert torch.isfinite(memory["compressed_keys"]).all() and memory["compressed_keys"].abs().sum() > 0
 
 
+@pytest.mark.slow
 def test_a_world_size_change_continues_the_same_optimisation(tmp_path):
     """2 ranks for 2 steps, then 1 rank (micro 2 x accum 2): step 3 matches the uninterrupted
     2-rank run to reduction-order rounding (the memory rows re-sharded by stream)."""

@@ -47,7 +47,7 @@ def _losses(run) -> list[float]:
     return [r["loss"] for r in records if r["kind"] == "train"]
 
 
-@pytest.mark.parametrize("preset", ["memoria", "memory_mosaic_carry"])
+@pytest.mark.parametrize("preset", ["memoria", pytest.param("memory_mosaic_carry", marks=pytest.mark.slow)])
 def test_a_run_in_deterministic_mode_trains_as_without_it_on_cpu(tmp_path, preset):
     """Every op of the loop (the memory engine, the Mosaic's masked attention, the optimiser,
     the checkpoint) has a deterministic CPU kernel: the mode stops nothing, and a CPU step,

@@ -75,8 +75,8 @@ def test_the_keys_are_the_models_encoder_before_training(tmp_path):
 
 @pytest.mark.parametrize("extra, message", [
     (["data.max_segments=4"], "stores each document as one example"),
-    (["episodic.replay_size=3"], "must split evenly over the 2 ranks"),
-    (["episodic.write_prob=0"], "must be in (0, 1]"),
+    pytest.param(["episodic.replay_size=3"], "must split evenly over the 2 ranks", marks=pytest.mark.slow),
+    pytest.param(["episodic.write_prob=0"], "must be in (0, 1]", marks=pytest.mark.slow),
 ])
 def test_settings_it_cannot_serve_are_one_line_and_exit_2(tmp_path, extra, message):
     proc = _run(tmp_path / "run", tmp_path, *extra, ranks=2)
@@ -84,6 +84,7 @@ def test_settings_it_cannot_serve_are_one_line_and_exit_2(tmp_path, extra, messa
     assert message in proc.stderr
 
 
+@pytest.mark.slow
 def test_the_adapted_reading_adapts_to_every_ranks_memory(tmp_path):
     """`eval.protocols=[full, adapted]` on 2 ranks: the adapted reading searches the whole memory (both
     ranks' 16 documents); with no adaptation step it is the plain reading exactly, with steps it is not

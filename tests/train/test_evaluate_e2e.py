@@ -251,6 +251,7 @@ def test_a_sharded_model_with_a_shard_missing_is_named(tmp_path):
         check_saved_model(tmp_path)
 
 
+@pytest.mark.slow
 def test_knn_lm_with_the_training_text_in_training_and_in_evaluate_on_one_or_two_ranks(tmp_path):
     """`eval.knn_lm.train_datastore=true`: the training loop and launch/evaluate.py both search the
     training split's datastore; two ranks build the same one and score as one process does."""

@@ -157,6 +157,7 @@ def test_lora_on_a_saved_memsizer(tmp_path):
     assert moved == {f"memsizer.h.{i}.{m}.weight" for i in range(2) for m in ("attn.c_attn", "mlp.c_fc", "mlp.c_proj")}
 
 
+@pytest.mark.slow
 def test_memsizer_settings_are_checked_before_any_work(tmp_path):
     proc = run_training(tmp_path / "a", "model.settings={memsizer_slots: 8}", script=PRETRAIN)  # the memoria preset
     assert proc.returncode == 2 and "configure a MemSizer" in proc.stderr + proc.stdout

@@ -93,6 +93,7 @@ def test_memory_mosaic_under_zero3_exports_the_trained_weights(tmp_path):
     assert set(losses) == {1, 2} and all(v == v for v in losses.values())
 
 
+@pytest.mark.slow
 def test_mosaic_settings_are_checked_before_any_work(tmp_path):
     proc = run_training(tmp_path / "a", "model.settings={pmem_size: 8}", script=PRETRAIN)  # the memoria preset
     assert proc.returncode == 2 and "configure a Memory Mosaic" in proc.stderr + proc.stdout
@@ -106,6 +107,7 @@ NO_DROPOUT = "model.settings={n_layer: 2, n_embd: 32, n_head: 2, n_positions: 64
              "embd_pdrop: 0.0, attn_pdrop: 0.0, resid_pdrop: 0.0}"
 
 
+@pytest.mark.slow
 def test_carried_mosaic_memory_resumes_exactly_and_shows_a_memory_gain(tmp_path):
     from memoria_ds.safe_io import load_tree
 

@@ -30,8 +30,9 @@ def _forge(ckpt, rel, marker):
 
 
 @pytest.mark.parametrize("engine,rel,says", [
-    ("deepspeed", "rank_00000.safetensors", "is a pickle, not safetensors: not read"),
-    ("deepspeed", "engine/mp_rank_00_model_states.pt", "would import io.open when loaded, which DeepSpeed never writes"),
+    pytest.param("deepspeed", "rank_00000.safetensors", "is a pickle, not safetensors: not read", marks=pytest.mark.slow),
+    pytest.param("deepspeed", "engine/mp_rank_00_model_states.pt", "would import io.open when loaded, which DeepSpeed never writes",
+                 marks=pytest.mark.slow),
     ("torch", "engine/engine.safetensors", "is a pickle, not safetensors: not read"),
 ])
 def test_a_forged_checkpoint_file_is_refused_unread(tmp_path, engine, rel, says):

@@ -178,6 +178,7 @@ def test_racing_runs_on_one_directory_never_overwrite_each_other(tmp_path, delay
     assert not (run_dir / "checkpoints" / "abandoned").exists()
 
 
+@pytest.mark.slow
 def test_racing_resumes_of_one_checkpoint_train_each_step_once(tmp_path):
     """Two resumes of one checkpoint a moment apart: one continues it, the other is refused or finds
     the run finished; no checkpoint is set aside as abandoned and no step is trained twice."""
