@@ -7,8 +7,6 @@ host-bound step there, which no CPU timing in CI would notice.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 
@@ -21,18 +19,16 @@ bench = load_benchmark("op_counts.py", "op_counts_bench")
 CI_GROUPS = ["ci", "engine"]
 
 
-COUNT = ("import json, sys; sys.path.insert(0, 'tests/launch'); from bench_util import load_benchmark; "
-         "print(json.dumps(load_benchmark('op_counts.py', 'op_counts_bench').count(sys.argv[1].split(','))))")
-
-
 @pytest.fixture(scope="module")
-def counted():
-    """Counted in a fresh Python: what ran before in this process (a test file on the same pytest-xdist
-    worker) can change how an op dispatches (one run on 2 workers saw `mm` + `add_` for `addmm`)."""
-    proc = subprocess.run([sys.executable, "-c", COUNT, ",".join(CI_GROUPS)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+def counted(tmp_path_factory):
+    """Counted by the benchmark's own command in a fresh Python (`--write` to a file of our own): what ran
+    before in this process (a test file on the same pytest-xdist worker) can change how an op dispatches
+    (one run on 2 workers saw `mm` + `add_` for `addmm`)."""
+    path = tmp_path_factory.mktemp("op_counts") / "op_counts.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "op_counts.py"), "--groups", ",".join(CI_GROUPS),
+                           "--write", "--figures", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return bench.load_figures(path)["counts"]
 
 
 def test_no_kind_and_not_the_engine_dispatches_more_operations_than_recorded(counted):
