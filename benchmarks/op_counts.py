@@ -17,7 +17,9 @@ Groups (`--groups`, comma separated; default all):
     gpt2     the same variants at the `gpt2` shape of docs/benchmarks.md: 12 x 768, 12 heads, GPT-2's
              50,257-token vocabulary, batch 2, segment 64 (minutes on a CPU: recorded for the docs)
     engine   the Memoria engine alone, one `remind` + `memorize`: `paper` (N_wm = K_stm = K_ltm = 50,
-             C_stm = 400, depth 10, B = 4, D = 768, as benchmarks/memory_step.py) and `small`
+             C_stm = 400, depth 10, B = 4, D = 768, as benchmarks/memory_step.py), `small`, and
+             `paper_gpu_path`: `paper` on meta tensors, where the engine takes the paths it takes
+             on a GPU (fewer operations; on a CPU it tunes for the cache), counted without one
 
 A model step is the third forward + backward of a model with random weights, its memory warm (a
 Memoria memory after 40 engine steps on random engrams, a Memorizing Transformer's full to its cap,
@@ -71,6 +73,9 @@ ENGINE_SIZES = {
     "small": dict(batch=2, dim=32, num_wm=4, num_stm_reminded=4, num_ltm_reminded=4, stm_capacity=16,
                   search_depth=3),
 }
+# `paper` as a GPU dispatches it: on meta tensors the engine takes its non-CPU paths (one scoring
+# matmul, int64 edge keys from one mixed-dtype add; `retrieve.CACHE_TUNED_DEVICES`), with no GPU
+ENGINE_SIZES["paper_gpu_path"] = dict(ENGINE_SIZES["paper"], device="meta")
 GROUPS = ("ci", "gpt2", "engine")
 WARM_ENGINE_STEPS = 40
 
@@ -106,14 +111,14 @@ def count_model_step(variant: str, shape: str) -> dict:
 def count_engine_step(size: str) -> dict:
     """`{"ops", "compute", "by_op"}` of one Memoria engine step (`remind` + `memorize`), memory warm."""
     s = dict(ENGINE_SIZES[size])
-    batch, dim = s.pop("batch"), s.pop("dim")
+    batch, dim, device = s.pop("batch"), s.pop("dim"), torch.device(s.pop("device", "cpu"))
     cfg = MemoriaConfig(**s)
-    state = MemoryState.empty(cfg, batch, dim, device=torch.device("cpu"))
+    state = MemoryState.empty(cfg, batch, dim, device=device)
     gen = torch.Generator().manual_seed(0)
     for t in range(WARM_ENGINE_STEPS + 1):
-        wm = torch.randn(batch, cfg.num_wm, dim, generator=gen)
+        wm = torch.randn(batch, cfg.num_wm, dim, generator=gen).to(device)
         slots = cfg.num_stm_reminded + cfg.num_ltm_reminded  # M_rem: padded to K_stm + K_ltm
-        weights = torch.softmax(torch.randn(batch, slots, generator=gen), dim=-1)  # stands in for attention
+        weights = torch.softmax(torch.randn(batch, slots, generator=gen), dim=-1).to(device)  # stands in for attention
         counter = OpCounter() if t == WARM_ENGINE_STEPS else None
         with counter if counter is not None else nullcontext():
             retrieval = remind(state, wm, cfg)

@@ -29,7 +29,11 @@ from .state import LTM, STM, MemoryState
 
 _NEG = -(1 << 30)  # "ineligible" in edge keys; stays negative after adding any int16 count * C
 _NEG_BOUND = 1 << 30  # int32 keys are used while every count * C + rank stays below this
-_CHUNK = 256  # most candidates scored per matmul (the gathered (B, chunk, D) block stays in cache)
+_CHUNK = 256  # most candidates scored per matmul on a CPU (the gathered (B, chunk, D) block stays in cache)
+# Devices where a step is tuned for the cache (candidates scored in chunks, edge keys widened into a
+# reused buffer), at the cost of more operations. Elsewhere (a GPU) it is tuned for fewer operations:
+# each is a kernel launch, and in eager mode the host's launches, not the arithmetic, set the time.
+CACHE_TUNED_DEVICES = ("cpu",)
 
 
 # --------------------------------------------------------------------------- scoring
@@ -76,20 +80,24 @@ class _Rows:
         B, K, D = self.B, slots.shape[1], wm.shape[2]
         if K == 0:  # no candidates at all (e.g. K_stm = 0)
             return wm.new_empty((B, 0))
-        size = -(-K // -(-K // _CHUNK))  # K split into equal chunks of at most _CHUNK
-        gathered = self.state.buffer("candidates", (B * _CHUNK, D), torch.float32)  # reused by every chunk
-        parts = []
-        for lo in range(0, K, size):
-            chunk = slots[:, lo : lo + size]
-            flat = self.flat(chunk)
-            out = gathered[: flat.numel()]
-            cand = torch.index_select(self.vectors, 0, flat, out=out).view(B, chunk.shape[1], D)  # (B, k, D)
-            parts.append(log_mean_similarity(cand, self.sq_norms.index_select(0, flat).view(B, chunk.shape[1]), wm, wm_sq))
-        scores = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+        flat = self.flat(slots)  # (B*K,)
+        sq = self.sq_norms.index_select(0, flat).view(B, K)
+        if wm.device.type not in CACHE_TUNED_DEVICES:  # one gather, one matmul
+            scores = log_mean_similarity(torch.index_select(self.vectors, 0, flat).view(B, K, D), sq, wm, wm_sq)
+        else:
+            size = -(-K // -(-K // _CHUNK))  # K split into equal chunks of at most _CHUNK
+            gathered = self.state.buffer("candidates", (B * _CHUNK, D), torch.float32)  # reused by every chunk
+            parts = []
+            for lo in range(0, K, size):
+                chunk = slots[:, lo : lo + size]
+                out = gathered[: chunk.numel()]
+                cand = torch.index_select(self.vectors, 0, self.flat(chunk), out=out).view(B, chunk.shape[1], D)
+                parts.append(log_mean_similarity(cand, sq[:, lo : lo + size], wm, wm_sq))
+            scores = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
         scores.masked_fill_(slots < 0, float("-inf"))
-        return self.share_identical(slots, scores) if K > 1 else scores
+        return self.share_identical(slots, flat, sq, scores) if K > 1 else scores
 
-    def share_identical(self, slots: Tensor, scores: Tensor) -> Tensor:
+    def share_identical(self, slots: Tensor, flat: Tensor, sq: Tensor, scores: Tensor) -> Tensor:
         """`scores` with every group of bit-identical candidate vectors given one score (the
         group's largest), so that the recency tie-break decides between them exactly.
 
@@ -97,15 +105,15 @@ class _Rows:
         (blocking, edge tiles, separate chunks), which would let an older copy outrank a newer
         one. Candidates are sorted by their cached digest (`state.vector_digest`); neighbours
         with equal digests and equal squared norms are one group. (B, K) work only (nothing
-        of size D), static shapes, no host sync.
+        of size D), static shapes, no host sync. `flat` and `sq`: the slots' flat rows
+        (`flat`) and squared norms, (B*K,) and (B, K).
         """
         B, K = slots.shape
-        flat = self.flat(slots)  # (B*K,)
         # padding gets a key below every digest (|digest| < 2^52): padding groups only with
         # padding, whose scores are all -inf
         key = self.digest.index_select(0, flat).view(B, K).masked_fill_(slots < 0, -(1 << 62))
         key, order = key.sort(dim=1, stable=True)  # (B, K)
-        sq = self.sq_norms.index_select(0, flat).view(B, K).gather(1, order)
+        sq = sq.gather(1, order)
         new = (key[:, 1:] != key[:, :-1]) | (sq[:, 1:] != sq[:, :-1])  # (B, K-1): a group starts here
         group = torch.cat([new.new_zeros((B, 1)), new], dim=1).cumsum(dim=1)  # (B, K) group id in order
         best = torch.full_like(scores, float("-inf")).scatter_reduce_(1, group, scores.gather(1, order), "amax")
@@ -186,30 +194,33 @@ def strongest_edges(rows: _Rows, walkers: Tensor, eligible_rank: Tensor, order: 
     """For each walker i, the eligible j with the largest `counts[i, j] > 0`.
 
     Args:
-        rows: flat access to the state. walkers: (B, W) slots, -1 = no walker.
+        rows: flat access to the state. walkers: (B, W) slots, C = no walker.
         eligible_rank: (B, 1, C) recency rank where j may be stepped to, `_NEG` elsewhere,
             in the key dtype (`edge_key_dtype`).
         order: (B, C) slot of each recency rank (`recency_order`).
-        absent: 0-dim -1 in `order`'s dtype (made once per search, not once per round).
+        absent: 0-dim C in `order`'s dtype (made once per search, not once per round).
 
     Returns:
-        (B, W) slots, -1 where the walker is absent or has no positive eligible edge.
+        (B, W) slots, C where the walker is absent or has no positive eligible edge.
         Ties go to the most recently created engram.
     """
     C = rows.C
-    flat = rows.flat(walkers)
-    counts = rows.state.buffer("edge_counts", (flat.numel(), C), rows.counts.dtype)
-    counts = torch.index_select(rows.counts, 0, flat, out=counts).view(*walkers.shape, C)  # (B, W, C)
-    key = rows.state.buffer("edge_keys", (*walkers.shape, C), eligible_rank.dtype)  # (B, W, C)
+    flat = (walkers.clamp(max=C - 1) + rows.offset).view(-1)  # an absent walker reads slot C-1 (masked)
     # key = count * C + rank: the count decides, the recency rank breaks ties, and the
     # winner's slot is decoded from its key, so a (fast, vectorised) amax does the argmax.
-    # The key dtype is wide enough for every count (int32 for int16 counts, else int64).
-    # (widening into the key buffer first, then adding in place, is ~1.5x faster than one
-    # mixed-dtype add, which casts through a temporary)
-    key.copy_(counts)
-    best = torch.add(eligible_rank, key, alpha=C, out=key).amax(dim=2)  # (B, W)
-    j = order.gather(1, best.remainder(C).long())
-    return torch.where((best >= C) & (walkers >= 0), j, absent)
+    if rows.state.device.type in CACHE_TUNED_DEVICES:
+        # on a CPU, widening into the key buffer first, then adding in place, is ~1.5x faster
+        # than one mixed-dtype add, which casts through a temporary
+        counts = rows.state.buffer("edge_counts", (flat.numel(), C), rows.counts.dtype)
+        counts = torch.index_select(rows.counts, 0, flat, out=counts).view(*walkers.shape, C)  # (B, W, C)
+        key = rows.state.buffer("edge_keys", (*walkers.shape, C), eligible_rank.dtype)  # (B, W, C)
+        key.copy_(counts)
+        best = torch.add(eligible_rank, key, alpha=C, out=key).amax(dim=2)  # (B, W)
+    else:  # one mixed-dtype add (a GPU casts in the kernel): one launch fewer a round
+        counts = rows.counts.index_select(0, flat).view(*walkers.shape, C)  # (B, W, C)
+        best = torch.add(eligible_rank, counts, alpha=C).amax(dim=2)  # (B, W), in the key dtype
+    j = order.gather(1, best.remainder(C).long())  # no copy where the keys are int64 already
+    return torch.where((best >= C) & (walkers < C), j, absent)
 
 
 def search_ltm(
@@ -229,19 +240,24 @@ def search_ltm(
         (B, K_stm * (depth + 1)) found LTM slots, each at most once, -1 padded.
     """
     C = rows.C
-    # eligible (LTM, not yet found) -> recency rank, else a large negative; column C absorbs padding
-    key_dtype = edge_key_dtype(state.counts.dtype, C)
+    # eligible (LTM, not yet found) -> recency rank, else a large negative; column C absorbs the
+    # walkers that found nothing, which are C during the walk (so a round's finds mark themselves
+    # ineligible with one scatter). Keys: the narrowest exact dtype on a CPU; int64 elsewhere,
+    # where decoding a key then needs no cast (one launch fewer a round).
+    key_dtype = edge_key_dtype(state.counts.dtype, C) if state.device.type in CACHE_TUNED_DEVICES else torch.int64
     neg = _NEG if key_dtype == torch.int32 else -(1 << 62)
     eligible = torch.where(state.kind == LTM, rank.to(key_dtype), neg)
     eligible = torch.cat([eligible, eligible.new_full((rows.B, 1), neg)], dim=1)
-    frontier, found = cues, []
-    eligible_rank, absent = eligible[:, None, :C], torch.full((), -1, dtype=order.dtype, device=order.device)
+    frontier, found = cues.remainder(C + 1), []  # -1 -> C
+    eligible_rank, absent = eligible[:, None, :C], torch.full((), C, dtype=order.dtype, device=order.device)
     for _ in range(config.search_depth + 1):  # round 0: entry points from the cues
         frontier = strongest_edges(rows, frontier, eligible_rank, order, absent)
-        eligible.scatter_(1, frontier.remainder(C + 1), neg)  # -1 lands in column C
+        eligible.scatter_(1, frontier, neg)  # nothing found: column C
         found.append(frontier)
-    # drop repeats (one slot found by two walkers of a round): sort, compare neighbours
-    found_all, _ = torch.cat(found, dim=1).sort(dim=1)
+    # back to -1 for nothing, then drop repeats (one slot found by two walkers of a round): sort,
+    # compare neighbours
+    found_all = torch.cat(found, dim=1)
+    found_all, _ = found_all.masked_fill_(found_all == C, -1).sort(dim=1)
     repeat = torch.zeros_like(found_all, dtype=torch.bool)
     repeat[:, 1:] = (found_all[:, 1:] == found_all[:, :-1]) & (found_all[:, 1:] >= 0)
     return found_all.masked_fill_(repeat, -1)

@@ -39,7 +39,8 @@ STATE_FORMAT = 1
 _FIELDS = ("vectors", "sq_norms", "digest", "kind", "lifespan", "uid", "counts", "step", "evictions")
 _DERIVED = ("digest",)  # recomputed from `vectors` when a saved state lacks it (saved before it existed)
 _DIGEST_MAX_DIM = 1 << 15  # below this width the digest's sum stays exact in float64
-_DIGEST_BLOCK = 256  # halves per block of the digest's product (any size gives the same digest)
+_DIGEST_BLOCK = 256  # halves per block of the digest's product when it is split (any size gives the same digest)
+_DIGEST_COPY_BYTES = 16 << 20  # the float64 copy of the halves is made whole up to this size, else block by block
 _MULTIPLIERS: dict[tuple[int, str], Tensor] = {}
 
 
@@ -55,13 +56,16 @@ def vector_digest(vectors: Tensor) -> Tensor:
     changed coordinate; about 2^-21 for two, far less for more), and retrieval also
     requires equal squared norms.
 
-    The product runs over blocks of `_DIGEST_BLOCK` halves: every block's sum is exact too, so
-    the result is the whole product's, bit for bit, while the float64 copy of the halves is a
-    block at a time (a (..., 2D) float64 copy is 4x the vectors' own size: 2.4 MB per step for
-    the working memory at the paper's settings, 78 MB for a whole (4, 1664, 768) state).
+    A (..., 2D) float64 copy of the halves is 4x the vectors' own size: 4.9 MB for a step's
+    working memory at the paper's settings and B = 8, 82 MB for a whole (4, 1664, 768) state.
+    Up to `_DIGEST_COPY_BYTES` it is one product (3 kernels; 18 by blocks at D = 768: on a GPU
+    each is a launch); above, the product runs over blocks of `_DIGEST_BLOCK` halves, whose sums are
+    exact too, so the result is the whole product's, bit for bit, with a block-sized copy.
     """
     halves = vectors.contiguous().view(torch.int16)  # (..., 2D)
     multipliers = digest_multipliers(vectors.shape[-1], vectors.device)  # (2D,)
+    if halves.numel() * 8 <= _DIGEST_COPY_BYTES:
+        return (halves.to(torch.float64) @ multipliers).to(torch.int64)
     total = None
     for lo in range(0, halves.shape[-1], _DIGEST_BLOCK):
         part = halves[..., lo : lo + _DIGEST_BLOCK].to(torch.float64) @ multipliers[lo : lo + _DIGEST_BLOCK]  # (...)

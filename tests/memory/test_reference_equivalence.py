@@ -507,3 +507,19 @@ def test_engine_matches_reference(name):
         assert cov.redraw_wm == 0 and cov.max_life_err == 0.0, "integer data must be exact"
     else:
         assert cov.evictions == 0, "continuous lifespans are not compared for eviction order"
+
+
+@pytest.mark.parametrize("name", ["paper_lm_small", "evicting", "exhaustive_many", "single_wm_trits",
+                                  "continuous_repeats"])
+def test_the_fewer_operations_layout_matches_reference(name, monkeypatch):
+    """The step as a GPU runs it (`retrieve.CACHE_TUNED_DEVICES` does not name its device: all
+    candidates scored in one matmul, edge keys int64 from one mixed-dtype add), run here on the
+    CPU against the same reference."""
+    from memoria_ds.memory import retrieve
+
+    monkeypatch.setattr(retrieve, "CACHE_TUNED_DEVICES", ())
+    spec = CONFIGS[name]
+    cfg = make_config(spec["cfg"])
+    _NAMES[id(cfg)] = name
+    cov = run_equivalence(cfg, steps=200, **{k: v for k, v in spec.items() if k != "cfg"})
+    assert cov.steps == 200 and cov.ltm_reminded > 0

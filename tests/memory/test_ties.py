@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from memoria_ds.memory import MemoriaConfig, MemoryState, memorize, remind
@@ -45,7 +46,8 @@ def test_share_identical_merges_exact_copies_only():
     rows = _Rows(state)
     slots = torch.tensor([[0, 1, 2, 3, 4, -1], [6, 3, -1, 0, 1, 2]])
     scores = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0, float("-inf")], [7.0, 6.0, float("-inf"), 1.0, 8.0, 0.5]])
-    shared = rows.share_identical(slots, scores.clone())
+    flat = rows.flat(slots)
+    shared = rows.share_identical(slots, flat, rows.sq_norms.index_select(0, flat).view(2, 6), scores.clone())
     # row 0: slots 0 and 1 are copies (-> 2.0 both); 2 has the same norm but other values, 3
     # differs in the last bit, 4 is zero, the padding stays -inf (it reads slot 0 but is not merged)
     assert shared[0].tolist() == [2.0, 2.0, 3.0, 4.0, 5.0, float("-inf")]
@@ -78,18 +80,46 @@ def test_vector_digest_is_exact_and_order_free():
     assert got.tolist() == [sum(h * k for h, k in zip(row.view(torch.int16).tolist(), m)) for row in big]
 
 
-def test_the_blocked_digest_is_the_whole_product():
-    """`vector_digest` sums its product block by block (`_DIGEST_BLOCK` halves at a time, to keep
-    the float64 copy small): the same digests as one (..., 2D) float64 product, also with a
-    partial last block and at the working memory's shape."""
+@pytest.mark.parametrize("copy_bytes", [0, None], ids=["by-blocks", "whole"])
+def test_the_blocked_digest_is_the_whole_product(monkeypatch, copy_bytes):
+    """`vector_digest` sums its product block by block (`_DIGEST_BLOCK` halves at a time) when the
+    float64 copy would pass `_DIGEST_COPY_BYTES`, in one product below: the same digests as one
+    (..., 2D) float64 product either way, also with a partial last block and at the working
+    memory's shape."""
+    from memoria_ds.memory import state as state_module
     from memoria_ds.memory.state import _DIGEST_BLOCK, digest_multipliers
 
+    if copy_bytes is not None:
+        monkeypatch.setattr(state_module, "_DIGEST_COPY_BYTES", copy_bytes)
     gen = torch.Generator().manual_seed(5)
     for shape in [(4, 50, 768), (3, 700), (2, _DIGEST_BLOCK // 2), (5, 1, 1)]:
         v = torch.randn(*shape, generator=gen) * 1e3
         whole = (v.view(torch.int16).to(torch.float64) @ digest_multipliers(shape[-1], "cpu")).to(torch.int64)
         assert torch.equal(vector_digest(v), whole), shape
     assert 2 * 768 > 5 * _DIGEST_BLOCK  # the paper's width spans several blocks
+
+
+def test_a_step_digests_its_working_memory_in_one_product_and_a_whole_state_by_blocks():
+    """At the paper's settings (B = 8, N_wm = 50, D = 768) a step's float64 copy (4.9 MB) is made
+    whole: 7 operations (3 of them kernels), where blocks took 44 (18); a whole state's (B = 4,
+    C = 1664: 82 MB) by blocks."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from memoria_ds.memory.state import _DIGEST_COPY_BYTES
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    wm = torch.randn(8, 50, 768)
+    vector_digest(wm)  # the multipliers are made once per width, outside the count
+    with Count():
+        vector_digest(wm)
+    assert Count.n <= 7
+    assert 4 * 1664 * 2 * 768 * 8 > _DIGEST_COPY_BYTES >= wm.numel() * 2 * 8
 
 
 def test_a_state_saved_without_digests_loads_with_them():
