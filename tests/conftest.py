@@ -42,6 +42,22 @@ def _seed_everything() -> None:
         pass
 
 
+_LINEAR = torch.nn.functional.linear
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch_linear_restored():
+    """`torch.nn.functional.linear` as torch has it, after every test file. A ZeRO-3 engine made in a
+    test's own process replaces it for the rest of that process (DeepSpeed's memory-efficient
+    linear, `partition_parameters._enable_mem_efficient_linear`: "This will persist unless manually
+    reset"), and every later `nn.Linear` there dispatched `mm` + `add_` instead of `addmm`: on a
+    pytest-xdist worker that ran tests/train/test_ds_configs_init.py first, the recorded operation
+    counts rose (2026-11-29). Within a file it is left as DeepSpeed set it (a module's engine may
+    span its tests)."""
+    yield
+    torch.nn.functional.linear = _LINEAR
+
+
 @pytest.fixture
 def tiny_gpt2_config():
     """A 2-layer, 64-wide GPT-2 config built locally (never downloaded)."""

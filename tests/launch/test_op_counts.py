@@ -21,9 +21,10 @@ CI_GROUPS = ["ci", "engine"]
 
 @pytest.fixture(scope="module")
 def counted(tmp_path_factory):
-    """Counted by the benchmark's own command in a fresh Python (`--write` to a file of our own): what ran
-    before in this process (a test file on the same pytest-xdist worker) can change how an op dispatches
-    (one run on 2 workers saw `mm` + `add_` for `addmm`)."""
+    """Counted by the benchmark's own command in a fresh Python (`--write` to a file of our own), as a
+    user counts: what ran before in this process can change how an op dispatches (a ZeRO-3 engine
+    replaces `torch.nn.functional.linear` for the rest of its process, and `nn.Linear` then dispatched
+    `mm` + `add_` for `addmm`; tests/conftest.py now puts torch's back after each file)."""
     path = tmp_path_factory.mktemp("op_counts") / "op_counts.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "op_counts.py"), "--groups", ",".join(CI_GROUPS),
                            "--write", "--figures", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
