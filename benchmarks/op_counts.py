@@ -73,8 +73,8 @@ ENGINE_SIZES = {
     "small": dict(batch=2, dim=32, num_wm=4, num_stm_reminded=4, num_ltm_reminded=4, stm_capacity=16,
                   search_depth=3),
 }
-# `paper` as a GPU dispatches it: on meta tensors the engine takes its non-CPU paths (one scoring
-# matmul, int64 edge keys from one mixed-dtype add; `retrieve.CACHE_TUNED_DEVICES`), with no GPU
+# `paper` as a GPU dispatches it: on meta tensors the engine takes its non-CPU form (the digest in one
+# product, one scoring matmul, int64 edge keys from one mixed-dtype add; `state.CACHE_TUNED_DEVICES`)
 ENGINE_SIZES["paper_gpu_path"] = dict(ENGINE_SIZES["paper"], device="meta")
 GROUPS = ("ci", "gpt2", "engine")
 WARM_ENGINE_STEPS = 40

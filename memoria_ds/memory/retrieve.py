@@ -25,15 +25,11 @@ from torch import Tensor
 from .config import MemoriaConfig
 from .encode import write_working_memory
 from .retrieval import Retrieval
-from .state import LTM, STM, MemoryState
+from .state import LTM, STM, MemoryState, cache_tuned
 
 _NEG = -(1 << 30)  # "ineligible" in edge keys; stays negative after adding any int16 count * C
 _NEG_BOUND = 1 << 30  # int32 keys are used while every count * C + rank stays below this
-_CHUNK = 256  # most candidates scored per matmul on a CPU (the gathered (B, chunk, D) block stays in cache)
-# Devices where a step is tuned for the cache (candidates scored in chunks, edge keys widened into a
-# reused buffer), at the cost of more operations. Elsewhere (a GPU) it is tuned for fewer operations:
-# each is a kernel launch, and in eager mode the host's launches, not the arithmetic, set the time.
-CACHE_TUNED_DEVICES = ("cpu",)
+_CHUNK = 256  # most candidates scored per matmul on a CPU (`cache_tuned`: the gathered (B, chunk, D) block stays in cache)
 
 
 # --------------------------------------------------------------------------- scoring
@@ -82,7 +78,7 @@ class _Rows:
             return wm.new_empty((B, 0))
         flat = self.flat(slots)  # (B*K,)
         sq = self.sq_norms.index_select(0, flat).view(B, K)
-        if wm.device.type not in CACHE_TUNED_DEVICES:  # one gather, one matmul
+        if not cache_tuned(wm.device):  # one gather, one matmul
             scores = log_mean_similarity(torch.index_select(self.vectors, 0, flat).view(B, K, D), sq, wm, wm_sq)
         else:
             size = -(-K // -(-K // _CHUNK))  # K split into equal chunks of at most _CHUNK
@@ -208,7 +204,7 @@ def strongest_edges(rows: _Rows, walkers: Tensor, eligible_rank: Tensor, order: 
     flat = (walkers.clamp(max=C - 1) + rows.offset).view(-1)  # an absent walker reads slot C-1 (masked)
     # key = count * C + rank: the count decides, the recency rank breaks ties, and the
     # winner's slot is decoded from its key, so a (fast, vectorised) amax does the argmax.
-    if rows.state.device.type in CACHE_TUNED_DEVICES:
+    if cache_tuned(rows.state.device):
         # on a CPU, widening into the key buffer first, then adding in place, is ~1.5x faster
         # than one mixed-dtype add, which casts through a temporary
         counts = rows.state.buffer("edge_counts", (flat.numel(), C), rows.counts.dtype)
@@ -244,7 +240,7 @@ def search_ltm(
     # walkers that found nothing, which are C during the walk (so a round's finds mark themselves
     # ineligible with one scatter). Keys: the narrowest exact dtype on a CPU; int64 elsewhere,
     # where decoding a key then needs no cast (one launch fewer a round).
-    key_dtype = edge_key_dtype(state.counts.dtype, C) if state.device.type in CACHE_TUNED_DEVICES else torch.int64
+    key_dtype = edge_key_dtype(state.counts.dtype, C) if cache_tuned(state.device) else torch.int64
     neg = _NEG if key_dtype == torch.int32 else -(1 << 62)
     eligible = torch.where(state.kind == LTM, rank.to(key_dtype), neg)
     eligible = torch.cat([eligible, eligible.new_full((rows.B, 1), neg)], dim=1)

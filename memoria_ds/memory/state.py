@@ -40,8 +40,18 @@ _FIELDS = ("vectors", "sq_norms", "digest", "kind", "lifespan", "uid", "counts",
 _DERIVED = ("digest",)  # recomputed from `vectors` when a saved state lacks it (saved before it existed)
 _DIGEST_MAX_DIM = 1 << 15  # below this width the digest's sum stays exact in float64
 _DIGEST_BLOCK = 256  # halves per block of the digest's product when it is split (any size gives the same digest)
-_DIGEST_COPY_BYTES = 16 << 20  # the float64 copy of the halves is made whole up to this size, else block by block
+_DIGEST_COPY_BYTES = 16 << 20  # off the CPU the float64 copy of the halves is made whole up to this size
 _MULTIPLIERS: dict[tuple[int, str], Tensor] = {}
+# Devices where the engine's steps are tuned for the cache and a small footprint (the digest's
+# product by blocks, candidates scored in chunks, edge keys widened into a reused buffer), at the
+# cost of more operations. Elsewhere (a GPU) they are tuned for fewer operations: each is a kernel
+# launch, and in eager mode the host's launches, not the arithmetic, set a step's time.
+CACHE_TUNED_DEVICES = ("cpu",)
+
+
+def cache_tuned(device: torch.device) -> bool:
+    """Whether the engine's steps on `device` take their cache-tuned form (`CACHE_TUNED_DEVICES`)."""
+    return device.type in CACHE_TUNED_DEVICES
 
 
 def vector_digest(vectors: Tensor) -> Tensor:
@@ -56,15 +66,16 @@ def vector_digest(vectors: Tensor) -> Tensor:
     changed coordinate; about 2^-21 for two, far less for more), and retrieval also
     requires equal squared norms.
 
-    A (..., 2D) float64 copy of the halves is 4x the vectors' own size: 4.9 MB for a step's
-    working memory at the paper's settings and B = 8, 82 MB for a whole (4, 1664, 768) state.
-    Up to `_DIGEST_COPY_BYTES` it is one product (3 kernels; 18 by blocks at D = 768: on a GPU
-    each is a launch); above, the product runs over blocks of `_DIGEST_BLOCK` halves, whose sums are
-    exact too, so the result is the whole product's, bit for bit, with a block-sized copy.
+    A (..., 2D) float64 copy of the halves is 4x the vectors' own size: 2.5 MB for a step's
+    working memory at the paper's settings and B = 4, 82 MB for a whole (4, 1664, 768) state. On a
+    CPU (`cache_tuned`) the product runs over blocks of `_DIGEST_BLOCK` halves, whose sums are
+    exact too, so the result is the whole product's, bit for bit, with a block-sized copy (the
+    engine's peak memory, docs/benchmarks.md). Elsewhere, up to `_DIGEST_COPY_BYTES`, it is one
+    product: 3 kernels, where blocks take 18 at D = 768 (on a GPU each is a launch).
     """
     halves = vectors.contiguous().view(torch.int16)  # (..., 2D)
     multipliers = digest_multipliers(vectors.shape[-1], vectors.device)  # (2D,)
-    if halves.numel() * 8 <= _DIGEST_COPY_BYTES:
+    if not cache_tuned(vectors.device) and halves.numel() * 8 <= _DIGEST_COPY_BYTES:
         return (halves.to(torch.float64) @ multipliers).to(torch.int64)
     total = None
     for lo in range(0, halves.shape[-1], _DIGEST_BLOCK):
@@ -313,4 +324,5 @@ def field_names() -> tuple[str, ...]:
     return _FIELDS
 
 
-__all__ = ["MemoryState", "EMPTY", "WM", "STM", "LTM", "KIND_NAMES", "field_names", "vector_digest"]
+__all__ = ["MemoryState", "EMPTY", "WM", "STM", "LTM", "KIND_NAMES", "CACHE_TUNED_DEVICES", "cache_tuned",
+           "field_names", "vector_digest"]

@@ -512,12 +512,12 @@ def test_engine_matches_reference(name):
 @pytest.mark.parametrize("name", ["paper_lm_small", "evicting", "exhaustive_many", "single_wm_trits",
                                   "continuous_repeats"])
 def test_the_fewer_operations_layout_matches_reference(name, monkeypatch):
-    """The step as a GPU runs it (`retrieve.CACHE_TUNED_DEVICES` does not name its device: all
-    candidates scored in one matmul, edge keys int64 from one mixed-dtype add), run here on the
-    CPU against the same reference."""
-    from memoria_ds.memory import retrieve
+    """The step as a GPU runs it (`state.CACHE_TUNED_DEVICES` does not name its device: the digest
+    in one product, all candidates scored in one matmul, edge keys int64 from one mixed-dtype add),
+    run here on the CPU against the same reference."""
+    from memoria_ds.memory import state
 
-    monkeypatch.setattr(retrieve, "CACHE_TUNED_DEVICES", ())
+    monkeypatch.setattr(state, "CACHE_TUNED_DEVICES", ())
     spec = CONFIGS[name]
     cfg = make_config(spec["cfg"])
     _NAMES[id(cfg)] = name

@@ -80,17 +80,19 @@ def test_vector_digest_is_exact_and_order_free():
     assert got.tolist() == [sum(h * k for h, k in zip(row.view(torch.int16).tolist(), m)) for row in big]
 
 
-@pytest.mark.parametrize("copy_bytes", [0, None], ids=["by-blocks", "whole"])
-def test_the_blocked_digest_is_the_whole_product(monkeypatch, copy_bytes):
-    """`vector_digest` sums its product block by block (`_DIGEST_BLOCK` halves at a time) when the
-    float64 copy would pass `_DIGEST_COPY_BYTES`, in one product below: the same digests as one
-    (..., 2D) float64 product either way, also with a partial last block and at the working
-    memory's shape."""
+@pytest.mark.parametrize("layout", ["cache-tuned", "few-ops", "few-ops-past-the-copy-bound"])
+def test_the_blocked_digest_is_the_whole_product(monkeypatch, layout):
+    """`vector_digest` sums its product block by block (`_DIGEST_BLOCK` halves at a time) on a CPU,
+    and off it when the float64 copy would pass `_DIGEST_COPY_BYTES`; otherwise in one product: the
+    same digests as one (..., 2D) float64 product every way, also with a partial last block and at
+    the working memory's shape."""
     from memoria_ds.memory import state as state_module
     from memoria_ds.memory.state import _DIGEST_BLOCK, digest_multipliers
 
-    if copy_bytes is not None:
-        monkeypatch.setattr(state_module, "_DIGEST_COPY_BYTES", copy_bytes)
+    if layout != "cache-tuned":  # the layout a GPU takes, on this CPU
+        monkeypatch.setattr(state_module, "CACHE_TUNED_DEVICES", ())
+    if layout == "few-ops-past-the-copy-bound":
+        monkeypatch.setattr(state_module, "_DIGEST_COPY_BYTES", 0)
     gen = torch.Generator().manual_seed(5)
     for shape in [(4, 50, 768), (3, 700), (2, _DIGEST_BLOCK // 2), (5, 1, 1)]:
         v = torch.randn(*shape, generator=gen) * 1e3
@@ -99,27 +101,34 @@ def test_the_blocked_digest_is_the_whole_product(monkeypatch, copy_bytes):
     assert 2 * 768 > 5 * _DIGEST_BLOCK  # the paper's width spans several blocks
 
 
-def test_a_step_digests_its_working_memory_in_one_product_and_a_whole_state_by_blocks():
-    """At the paper's settings (B = 8, N_wm = 50, D = 768) a step's float64 copy (4.9 MB) is made
-    whole: 7 operations (3 of them kernels), where blocks took 44 (18); a whole state's (B = 4,
-    C = 1664: 82 MB) by blocks."""
+def test_off_the_cpu_a_step_digests_its_working_memory_in_one_product(monkeypatch):
+    """At the paper's settings (B = 8, N_wm = 50, D = 768) a step's digest is 7 operations (3 of
+    them kernels) off the CPU, where a GPU launches each; on a CPU its blocks take 44 (18) and keep
+    the float64 copy to a block (the engine's peak memory); a whole state's copy (B = 4, C = 1664:
+    82 MB) is made by blocks everywhere."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from memoria_ds.memory.state import _DIGEST_COPY_BYTES
+    from memoria_ds.memory import state as state_module
 
     class Count(TorchDispatchMode):
-        n = 0
+        def __init__(self):
+            super().__init__()
+            self.n = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.n += 1
+            self.n += 1
             return func(*args, **(kwargs or {}))
 
     wm = torch.randn(8, 50, 768)
-    vector_digest(wm)  # the multipliers are made once per width, outside the count
-    with Count():
+    digest = vector_digest(wm)  # the multipliers are made once per width, outside the counts
+    with Count() as on_cpu:
         vector_digest(wm)
-    assert Count.n <= 7
-    assert 4 * 1664 * 2 * 768 * 8 > _DIGEST_COPY_BYTES >= wm.numel() * 2 * 8
+    monkeypatch.setattr(state_module, "CACHE_TUNED_DEVICES", ())
+    with Count() as off_cpu:
+        off = vector_digest(wm)
+    assert torch.equal(off, digest)
+    assert off_cpu.n <= 7 < 40 <= on_cpu.n
+    assert 4 * 1664 * 2 * 768 * 8 > state_module._DIGEST_COPY_BYTES >= wm.numel() * 2 * 8
 
 
 def test_a_state_saved_without_digests_loads_with_them():
