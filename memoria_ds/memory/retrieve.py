@@ -68,8 +68,8 @@ class _Rows:
         self.counts = state.counts.view(B * C, C)
 
     def flat(self, slots: Tensor) -> Tensor:
-        """(B, K) slots, -1 allowed (read as slot 0; callers mask) -> (B*K,) flat rows."""
-        return (slots.clamp(min=0) + self.offset).view(-1)
+        """(B, K) slots, -1 or C allowed (read as slot 0 or C-1; callers mask) -> (B*K,) flat rows."""
+        return (slots.clamp(0, self.C - 1) + self.offset).view(-1)
 
     def score(self, slots: Tensor, wm: Tensor, wm_sq: Tensor) -> Tensor:
         """(B, K) scores of the engrams in `slots`; -inf where a slot is -1."""
@@ -201,7 +201,7 @@ def strongest_edges(rows: _Rows, walkers: Tensor, eligible_rank: Tensor, order: 
         Ties go to the most recently created engram.
     """
     C = rows.C
-    flat = (walkers.clamp(max=C - 1) + rows.offset).view(-1)  # an absent walker reads slot C-1 (masked)
+    flat = rows.flat(walkers)  # an absent walker reads slot C-1 (masked below)
     # key = count * C + rank: the count decides, the recency rank breaks ties, and the
     # winner's slot is decoded from its key, so a (fast, vectorised) amax does the argmax.
     if cache_tuned(rows.state.device):

@@ -7,29 +7,21 @@ host-bound step there, which no CPU timing in CI would notice.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from bench_util import ROOT, load_benchmark
+from bench_util import load_benchmark
 
 bench = load_benchmark("op_counts.py", "op_counts_bench")
 CI_GROUPS = ["ci", "engine"]
 
 
 @pytest.fixture(scope="module")
-def counted(tmp_path_factory):
-    """Counted by the benchmark's own command in a fresh Python (`--write` to a file of our own), as a
-    user counts: what ran before in this process can change how an op dispatches (a ZeRO-3 engine
-    replaces `torch.nn.functional.linear` for the rest of its process, and `nn.Linear` then dispatched
-    `mm` + `add_` for `addmm`; tests/conftest.py now puts torch's back after each file)."""
-    path = tmp_path_factory.mktemp("op_counts") / "op_counts.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "op_counts.py"), "--groups", ",".join(CI_GROUPS),
-                           "--write", "--figures", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return bench.load_figures(path)["counts"]
+def counted():
+    """Counted in this process: tests/conftest.py puts torch's `F.linear` back after every file (a ZeRO-3
+    engine made in a test's process replaced it for good, and `nn.Linear` then dispatched `mm` + `add_`
+    for `addmm` here, on a pytest-xdist worker)."""
+    return bench.count(CI_GROUPS)
 
 
 def test_no_kind_and_not_the_engine_dispatches_more_operations_than_recorded(counted):
@@ -43,9 +35,7 @@ def test_no_kind_and_not_the_engine_dispatches_more_operations_than_recorded(cou
     )
 
 
-def test_the_counts_do_not_depend_on_a_second_run_or_the_threads():
-    counted = {"ci": {"memoria": bench.count_model_step("memoria", "ci")},
-               "engine": {"small": bench.count_engine_step("small")}}  # this process, as it is
+def test_the_counts_do_not_depend_on_a_second_run_or_the_threads(counted):
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
@@ -57,10 +47,8 @@ def test_the_counts_do_not_depend_on_a_second_run_or_the_threads():
     assert again["engine"]["small"] == counted["engine"]["small"]
 
 
-def test_an_extra_operation_in_a_kinds_step_fails_the_check(monkeypatch):
+def test_an_extra_operation_in_a_kinds_step_fails_the_check(counted, monkeypatch):
     from memoria_ds.model.recurrent.xl import XLKind
-
-    counted = {"ci": {"xl": bench.count_model_step("xl", "ci")}}  # this process, as it is, before the change
 
     real_write = XLKind.write
 
